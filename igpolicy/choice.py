@@ -1,0 +1,77 @@
+"""The sparse-vs-dense choice for one bucket: index+value all-gather or dense ring all-reduce.
+
+Costs are in bytes each rank receives (the bandwidth term of the α-β model; both collectives send
+about what they receive). With p ranks, n dense elements of ``value_bytes`` and rank j sending k_j
+pairs of ``index_bytes + value_bytes``:
+
+- sparse all-gatherv: Σ_{j≠i} k_j · (index_bytes + value_bytes)   (padded: (p-1) · k_max · s)
+- dense ring all-reduce: 2 (p-1)/p · n · value_bytes
+
+So with equal k the sparse path wins while density < 2·value_bytes / (p·(index_bytes+value_bytes)):
+below 1/p with int32 indices and fp32 values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from igpolicy.vocab import CollectiveKind
+
+__all__ = ["choose_collective", "dense_allreduce_bytes", "sparse_gather_bytes"]
+
+
+def sparse_gather_bytes(
+    nnz_per_rank: Sequence[int], *, index_bytes: int = 4, value_bytes: int = 4, padded: bool = False
+) -> int:
+    """Bytes the busiest rank receives in a sparse all-gather(v) of (index, value) pairs."""
+    ks = [int(k) for k in nnz_per_rank]
+    if not ks:
+        return 0
+    if any(k < 0 for k in ks):
+        raise ValueError(f"nnz_per_rank must be >= 0, got {ks}")
+    pair = index_bytes + value_bytes
+    p = len(ks)
+    if padded:
+        return (p - 1) * max(ks) * pair
+    total = sum(ks)
+    return max(total - k for k in ks) * pair
+
+
+def dense_allreduce_bytes(numel: int, *, world_size: int, value_bytes: int = 4) -> int:
+    """Bytes each rank receives in a ring all-reduce of ``numel`` elements (2(p-1)/p · n · s)."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if world_size == 1:
+        return 0
+    return int(round(2 * (world_size - 1) / world_size * numel * value_bytes))
+
+
+def choose_collective(
+    *,
+    numel: int,
+    nnz_per_rank: Sequence[int],
+    index_bytes: int = 4,
+    value_bytes: int = 4,
+    padded: bool = False,
+    mode: str = "auto",
+) -> CollectiveKind:
+    """Pick the cheaper way to aggregate one bucket; ties go to the sparse gather.
+
+    ``mode`` forces a choice (``sparse`` / ``dense``) or compares costs (``auto``). Pure: every rank
+    given the same nominal sizes picks the same collective.
+
+    >>> choose_collective(numel=1000, nnz_per_rank=[10, 10, 10, 10]).value
+    'sparse_gather'
+    >>> choose_collective(numel=1000, nnz_per_rank=[400] * 4).value
+    'dense_allreduce'
+    """
+    if mode == "sparse":
+        return CollectiveKind.SPARSE_GATHER
+    if mode == "dense":
+        return CollectiveKind.DENSE_ALLREDUCE
+    if mode != "auto":
+        raise ValueError(f"collective mode {mode!r} is not one of auto, sparse, dense")
+    p = len(nnz_per_rank)
+    sparse = sparse_gather_bytes(nnz_per_rank, index_bytes=index_bytes, value_bytes=value_bytes, padded=padded)
+    dense = dense_allreduce_bytes(numel, world_size=max(p, 1), value_bytes=value_bytes)
+    return CollectiveKind.SPARSE_GATHER if sparse <= dense else CollectiveKind.DENSE_ALLREDUCE

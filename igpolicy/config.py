@@ -1,0 +1,148 @@
+"""Strict configuration: unknown keys and removed keys are errors that name them.
+
+The lesson of DeepSpeed's removed ``sparse_gradients`` flag: a key that is silently accepted is a
+setting the user believes in and does not have. :func:`check_keys` is used by every loader (policy
+config, SyncPlan, topology, calibration), and :class:`PolicyConfig` is the online policy shared by
+the simulator and the runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from igpolicy.vocab import ComponentKind
+
+__all__ = ["POLICIES", "PolicyConfig", "check_keys"]
+
+POLICIES = ("dense", "topk", "adtopk", "importance", "periodic")
+SPARSIFIERS = ("topk", "adtopk", "threshold", "randomk", "none")
+PACKINGS = ("ddp", "round_robin", "lpt", "kk")
+COLLECTIVES = ("auto", "sparse", "dense")
+
+# removed key -> what replaced it (shown in the error)
+REMOVED_POLICY_KEYS: dict[str, str] = {
+    "sparse_gradients": "use 'sparsifier' and 'density' (rows were selected by their sum and dropped [1, -1])",
+    "interval": "use 'release_period'",
+    "bucket_size_mb": "use 'bucket_cap_bytes' (bytes; sizes with units are parsed at the CLI)",
+    "balance": "use 'packing' (one of ddp, round_robin, lpt, kk)",
+}
+
+
+def check_keys(
+    data: Mapping[str, Any],
+    *,
+    allowed: set[str] | frozenset[str],
+    where: str,
+    removed: Mapping[str, str] | None = None,
+    required: set[str] | frozenset[str] = frozenset(),
+) -> None:
+    """Raise ValueError naming every unknown, removed or missing key of ``data``.
+
+    ``where`` names the file or section (it starts the message). A removed key's message says what
+    replaced it.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
+    removed = removed or {}
+    problems = []
+    for key in data:
+        if key in removed:
+            problems.append(f"key {key!r} was removed: {removed[key]}")
+        elif key not in allowed:
+            problems.append(f"unknown key {key!r} (allowed: {', '.join(sorted(allowed))})")
+    for key in sorted(required - set(data)):
+        problems.append(f"missing required key {key!r}")
+    if problems:
+        raise ValueError(f"{where}: " + "; ".join(problems))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyConfig:
+    """The online policy: how gradients are sparsified, released, packed and sent.
+
+    - ``policy``: ``dense`` (plain all-reduce every step), ``topk`` / ``adtopk`` (sparsify every
+      component every step, error feedback), ``importance`` (important components every step, low
+      ones on their staggered release phase), ``periodic`` (every component every ``release_period``
+      steps, all at once).
+    - ``density``: fraction of entries kept by the sparsifier, in (0, 1]; ``density_per_kind``
+      overrides it per :class:`ComponentKind` value.
+    - ``release_period``: R, the period of low-importance releases (>= 1).
+    - ``staggered``: split low components into R phases of equal expected bytes (True) or release
+      them all on one step (False, the prototype's burst).
+    - ``packing`` / ``num_buckets`` / ``bucket_cap_bytes``: how payloads are packed into buckets;
+      with ``num_buckets`` None the count is ceil(total / bucket_cap_bytes).
+    - ``collective``: ``auto`` chooses sparse gather vs dense all-reduce per bucket by cost.
+    - ``index_bytes`` / ``value_bytes``: wire widths (int32 indices, fp32 values by default).
+    - ``skip_unsent``: parameters that sent nothing get ``grad = None`` (True) or a zero grad.
+    """
+
+    policy: str = "importance"
+    sparsifier: str = "topk"
+    density: float = 0.01
+    density_per_kind: Mapping[str, float] = field(default_factory=dict)
+    release_period: int = 4
+    staggered: bool = True
+    packing: str = "kk"
+    num_buckets: int | None = None
+    bucket_cap_bytes: int = 25 * 2**20
+    collective: str = "auto"
+    index_bytes: int = 4
+    value_bytes: int = 4
+    skip_unsent: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        def bad(key: str, value: object, why: str) -> ValueError:
+            return ValueError(f"policy config: {key}={value!r} {why}")
+
+        if self.policy not in POLICIES:
+            raise bad("policy", self.policy, f"is not one of {', '.join(POLICIES)}")
+        if self.sparsifier not in SPARSIFIERS:
+            raise bad("sparsifier", self.sparsifier, f"is not one of {', '.join(SPARSIFIERS)}")
+        if not (0.0 < float(self.density) <= 1.0):
+            raise bad("density", self.density, "must be in (0, 1]")
+        kinds = {k.value for k in ComponentKind}
+        for kind, d in dict(self.density_per_kind).items():
+            if kind not in kinds:
+                raise bad("density_per_kind", kind, f"is not a component kind ({', '.join(sorted(kinds))})")
+            if not (0.0 < float(d) <= 1.0):
+                raise bad(f"density_per_kind[{kind}]", d, "must be in (0, 1]")
+        if int(self.release_period) < 1:
+            raise bad("release_period", self.release_period, "must be >= 1")
+        if self.packing not in PACKINGS:
+            raise bad("packing", self.packing, f"is not one of {', '.join(PACKINGS)}")
+        if self.num_buckets is not None and int(self.num_buckets) < 1:
+            raise bad("num_buckets", self.num_buckets, "must be >= 1 or None")
+        if int(self.bucket_cap_bytes) < 1:
+            raise bad("bucket_cap_bytes", self.bucket_cap_bytes, "must be >= 1")
+        if self.collective not in COLLECTIVES:
+            raise bad("collective", self.collective, f"is not one of {', '.join(COLLECTIVES)}")
+        if self.index_bytes not in (4, 8):
+            raise bad("index_bytes", self.index_bytes, "must be 4 (int32) or 8 (int64)")
+        if self.value_bytes not in (2, 4):
+            raise bad("value_bytes", self.value_bytes, "must be 2 (bf16/fp16) or 4 (fp32)")
+
+    def density_for(self, kind: str) -> float:
+        """The sparsifier density for a component kind (1.0 for the dense policy)."""
+        if self.policy == "dense":
+            return 1.0
+        return float(self.density_per_kind.get(kind, self.density))
+
+    @property
+    def sparse(self) -> bool:
+        return self.policy != "dense"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "policy config") -> PolicyConfig:
+        """Build from a mapping, rejecting unknown and removed keys by name."""
+        allowed = {f.name for f in dataclasses.fields(cls)}
+        check_keys(data, allowed=allowed, where=where, removed=REMOVED_POLICY_KEYS)
+        return cls(**dict(data))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["density_per_kind"] = dict(self.density_per_kind)
+        return d

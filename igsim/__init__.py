@@ -1,0 +1,1 @@
+"""igsim: a discrete-event network simulator (simpy + networkx) that costs release and packing policies."""
