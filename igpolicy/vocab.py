@@ -39,6 +39,10 @@ class ComponentKind(str, enum.Enum):
     ATTN_V = "attn_v"
     ATTN_QKV = "attn_qkv"  # a fused q/k/v weight that was not split
     ATTN_O = "attn_o"
+    XATTN_Q = "xattn_q"  # cross-attention (encoder-decoder models)
+    XATTN_K = "xattn_k"
+    XATTN_V = "xattn_v"
+    XATTN_O = "xattn_o"
     MLP_UP = "mlp_up"
     MLP_GATE = "mlp_gate"
     MLP_GATE_UP = "mlp_gate_up"  # fused gate+up (Phi-3 style)
