@@ -226,8 +226,10 @@ class PackingPlan:
 class StepMetrics:
     """One row per (step, rank) — emitted identically by the simulator and the runtime.
 
-    Bytes are what this rank puts on the wire (sent, not received) in the step, by kind: sparse values,
-    sparse indices, dense all-reduce payload, and metadata (size exchanges). Times are seconds.
+    Bytes are the payload this rank hands to collectives in the step, by kind: sparse values (k ·
+    value_bytes), sparse indices (k · index_bytes), dense all-reduce payload (n · value_bytes) and metadata
+    (size exchanges) — before any algorithm's replication, so "traffic" means the same thing for every
+    collective algorithm, in the simulator and in the runtime. Times are seconds.
     ``comm_s`` is the wall time collectives were in flight (union of intervals); ``exposed_comm_s`` is
     the part of the step that communication adds beyond compute (step end minus compute end, >= 0).
     """
