@@ -43,7 +43,7 @@ def dense_allreduce_bytes(numel: int, *, world_size: int, value_bytes: int = 4) 
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if world_size == 1:
         return 0
-    return int(round(2 * (world_size - 1) / world_size * numel * value_bytes))
+    return round(2 * (world_size - 1) / world_size * numel * value_bytes)
 
 
 def choose_collective(

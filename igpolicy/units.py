@@ -122,7 +122,7 @@ def parse_size(text: str | float) -> int:
     value, unit = _split(text, what)
     if unit and unit not in _SIZE_UNITS:
         raise ValueError(f"{what}: unknown unit {unit!r} in {text!r} (known: {', '.join(_SIZE_UNITS)})")
-    return int(round(_positive(value * _SIZE_UNITS.get(unit, 1), text, what, allow_zero=True)))
+    return round(_positive(value * _SIZE_UNITS.get(unit, 1), text, what, allow_zero=True))
 
 
 def parse_time(text: str | float) -> float:

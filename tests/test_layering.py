@@ -1,0 +1,73 @@
+"""The import rules of ARCHITECTURE.md, checked by parsing every module with ``ast``."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("igpolicy", "traces", "igsim", "igrt")
+
+# package -> top-level modules it must never import (directly or via `from x import`)
+FORBIDDEN: dict[str, frozenset[str]] = {
+    "igpolicy": frozenset({"torch", "simpy", "networkx", "pyarrow", "igsim", "igrt", "traces", "pandas"}),
+    "traces": frozenset({"torch", "igsim", "igrt", "simpy", "networkx"}),
+    "igsim": frozenset({"torch", "igrt"}),
+    "igrt": frozenset({"igsim", "simpy", "networkx"}),
+}
+# package -> third-party top-level modules it may import (stdlib is always allowed)
+ALLOWED_THIRD_PARTY: dict[str, frozenset[str]] = {
+    "igpolicy": frozenset({"numpy", "scipy"}),
+    "traces": frozenset({"igpolicy", "pyarrow", "numpy"}),
+    "igsim": frozenset(
+        {"igpolicy", "traces", "simpy", "networkx", "numpy", "scipy", "matplotlib", "tqdm", "yaml"}
+    ),
+    "igrt": frozenset({"igpolicy", "traces", "torch", "numpy", "tqdm", "transformers", "deepspeed", "yaml"}),
+}
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, top-level module) for every import in ``path``; relative imports are skipped."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name.split(".")[0]) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module.split(".")[0]))
+    return found
+
+
+def violations(package_dir: Path, package: str) -> list[str]:
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    problems = []
+    for path in sorted(package_dir.rglob("*.py")):
+        for line, mod in imported_modules(path):
+            if mod == package or mod in stdlib:
+                continue
+            where = f"{path.relative_to(package_dir.parent)}:{line}"
+            if mod in FORBIDDEN[package]:
+                problems.append(f"{where}: {package} must never import {mod}")
+            elif mod not in ALLOWED_THIRD_PARTY[package]:
+                problems.append(f"{where}: {package} imports {mod}, which is not in its allowed list")
+    return problems
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_import_rules(package: str) -> None:
+    assert (ROOT / package).is_dir(), f"package folder {package}/ is missing"
+    assert violations(ROOT / package, package) == []
+
+
+def test_checker_catches_a_broken_rule(tmp_path: Path) -> None:
+    """The checker itself must fail on a forbidden import (so the test above can fail)."""
+    pkg = tmp_path / "igpolicy"
+    pkg.mkdir()
+    (pkg / "bad.py").write_text("import numpy\nfrom torch import nn\n\ndef f():\n    import simpy\n")
+    found = violations(pkg, "igpolicy")
+    assert any("must never import torch" in v for v in found)
+    assert any("must never import simpy" in v for v in found)
+    assert not any("numpy" in v for v in found)
