@@ -146,6 +146,12 @@ def decide_step(
     if blocks is None:
         blocks = payload_blocks(params, config)
     by_name = {p.name: p for p in params}
+    unknown = sorted({b.component for b in blocks} - set(phases))
+    if unknown:
+        raise ValueError(f"decide_step: components without a release phase (not in `phases`): {unknown}")
+    strangers = sorted({b.name for b in blocks} - set(by_name))
+    if strangers:
+        raise ValueError(f"decide_step: payload blocks for unknown parameters: {strangers[:5]}")
     sending = [b for b in blocks if b.component in release.send]
     packing = pack(
         sending,

@@ -1,0 +1,227 @@
+"""From importance scores to a SyncPlan: classify components and stagger the low ones' releases.
+
+Classes follow one rule set, in order:
+
+1. **pinned** — components of kind ``other`` (unrecognised parameters are never silently treated as
+   low-importance) and every key in ``pinned``: sent every step, whatever their score;
+2. **important** — the remaining components whose score is at or above the adaptive threshold
+   (:func:`igpolicy.thresholds.split_scores`, computed over these remaining components only);
+3. **low** — the rest, split into ``release_period`` phases of equal expected bytes by
+   :func:`igpolicy.schedule.assign_phases`.
+
+:func:`profile` is the one-call pipeline (statistics -> scores -> threshold -> plan) behind
+``igsim profile``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from igpolicy.importance import ComponentStats, ImportanceConfig, ImportanceScores, score_components
+from igpolicy.plan import ComponentPlan, SyncPlan
+from igpolicy.schedule import assign_phases
+from igpolicy.thresholds import ThresholdResult, split_scores
+from igpolicy.thresholds import method_params as check_method_params
+from igpolicy.vocab import ComponentClass, ComponentId, ComponentKind
+
+__all__ = ["build_plan", "profile"]
+
+_RECORDED_SETTINGS = ("importance", "threshold", "pinned")
+
+
+def _check_inputs(
+    scores: ImportanceScores, expected_bytes: Mapping[str, int], release_period: int, pinned: set[str]
+) -> None:
+    if isinstance(release_period, bool) or not isinstance(release_period, int) or release_period < 1:
+        raise ValueError(f"profile: release_period must be an integer >= 1, got {release_period!r}")
+    keys = scores.keys
+    score = np.asarray(scores.score, dtype=np.float64)
+    if score.shape != (len(keys),) or not np.all(np.isfinite(score)):
+        raise ValueError(f"profile: scores must be {len(keys)} finite numbers, one per key")
+    for key in keys:
+        ComponentId.from_key(key)  # ValueError naming a malformed key
+    missing = sorted(set(keys) - set(expected_bytes))
+    extra = sorted(set(expected_bytes) - set(keys))
+    if missing or extra:
+        raise ValueError(
+            "profile: expected_bytes does not match the scored components: "
+            f"missing {missing or 'none'}, unknown {extra or 'none'}"
+        )
+    for key in keys:
+        b = expected_bytes[key]
+        if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 0:
+            raise ValueError(f"profile: expected_bytes[{key!r}]={b!r} must be an integer >= 0")
+    unknown = sorted(pinned - set(keys))
+    if unknown:
+        raise ValueError(f"profile: pinned components {unknown} are not among the scored components")
+
+
+def _split(
+    scores: ImportanceScores, candidates: list[str], method: str, params: dict[str, Any]
+) -> ThresholdResult:
+    """The threshold over the candidate (non-pinned) components, in ``scores.keys`` order."""
+    index = {k: i for i, k in enumerate(scores.keys)}
+    values = np.array([scores.score[index[k]] for k in candidates], dtype=np.float64)
+    if values.size == 1:  # nothing to split against: the only candidate is sent every step
+        important = np.ones(1, dtype=bool)
+        important.setflags(write=False)
+        result = ThresholdResult(
+            method=method,
+            threshold=float(values[0]),
+            important=important,
+            params=params,
+            details={"reason": "a single unpinned component"},
+        )
+    else:
+        result = split_scores(values, method=method, **params)
+    return dataclasses.replace(result, keys=tuple(candidates))
+
+
+def _build(
+    *,
+    scores: ImportanceScores,
+    expected_bytes: Mapping[str, int],
+    release_period: int,
+    method: str,
+    method_params_: Mapping[str, Any] | None,
+    pinned: Iterable[str],
+    settings: Mapping[str, Any] | None,
+    source: Mapping[str, Any] | None,
+) -> tuple[SyncPlan, ThresholdResult]:
+    if isinstance(pinned, str):
+        raise ValueError(f"profile: pinned must be a collection of component keys, not the string {pinned!r}")
+    pinned_set = set(pinned)
+    _check_inputs(scores, expected_bytes, release_period, pinned_set)
+    params = check_method_params(method, method_params_)
+    settings = dict(settings or {})
+    clash = sorted(set(settings) & set(_RECORDED_SETTINGS))
+    if clash:
+        raise ValueError(f"profile: settings keys {clash} are recorded by the profiler; use other names")
+
+    keys = scores.keys
+    pinned_set |= {k for k in keys if ComponentId.from_key(k).kind == ComponentKind.OTHER}
+    candidates = [k for k in keys if k not in pinned_set]
+    if not candidates:
+        raise ValueError(
+            f"profile: all {len(keys)} components are pinned (kind 'other' or listed in pinned); "
+            "there is nothing to classify — check the parameter-name mapping"
+        )
+    result = _split(scores, candidates, method, params)
+    important = {k for k, imp in zip(candidates, result.important) if imp}
+    low = [k for k in candidates if k not in important]
+    phases = assign_phases({k: int(expected_bytes[k]) for k in low}, num_phases=release_period) if low else {}
+    assert set(phases) == set(low), "assign_phases must give every low component exactly one phase"
+
+    score_of = scores.as_dict()
+    components = []
+    for key in keys:
+        if key in pinned_set:
+            cls, phase = ComponentClass.PINNED, None
+        elif key in important:
+            cls, phase = ComponentClass.IMPORTANT, None
+        else:
+            cls, phase = ComponentClass.LOW, int(phases[key])
+        components.append(
+            ComponentPlan(
+                key=key, score=score_of[key], cls=cls, phase=phase, expected_bytes=int(expected_bytes[key])
+            )
+        )
+    settings["importance"] = {**scores.config.to_dict(), "num_steps": int(scores.num_steps)}
+    settings["threshold"] = {
+        "method": method,
+        "params": {k: v.item() if isinstance(v, np.generic) else v for k, v in params.items()},
+        "value": result.threshold,
+        "details": _finite(result.details),
+        "num_candidates": len(candidates),
+        "num_important": len(important),
+        "num_low": len(low),
+    }
+    settings["pinned"] = sorted(pinned_set)
+    plan = SyncPlan(
+        release_period=release_period,
+        components=tuple(components),
+        settings=settings,
+        source=dict(source or {}),
+    )
+    return plan, result
+
+
+def _finite(details: Mapping[str, Any]) -> dict[str, Any]:
+    """Details as JSON can hold them (a non-finite float becomes None)."""
+    out: dict[str, Any] = {}
+    for k, v in details.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            v = None
+        elif isinstance(v, list):
+            v = [None if isinstance(x, float) and not math.isfinite(x) else x for x in v]
+        out[k] = v
+    return out
+
+
+def build_plan(
+    *,
+    scores: ImportanceScores,
+    expected_bytes: Mapping[str, int],
+    release_period: int,
+    method: str = "knee",
+    method_params: Mapping[str, Any] | None = None,
+    pinned: Iterable[str] = (),
+    settings: Mapping[str, Any] | None = None,
+    source: Mapping[str, Any] | None = None,
+) -> SyncPlan:
+    """Classify every scored component (pinned / important / low, see the module docstring) into a plan.
+
+    ``expected_bytes`` maps every component key to the bytes it puts on the wire per release (used to
+    balance the low components' phases, each in [0, release_period)). ``settings`` is recorded in the
+    plan next to what the profiler records itself (``importance`` weights and window, ``threshold``
+    method, parameters and value, ``pinned``); ``source`` says where the statistics came from.
+
+    Raises ValueError when ``expected_bytes`` or ``pinned`` do not match the scored keys, a key is
+    malformed, the method or its parameters are bad, or every component is pinned.
+    """
+    plan, _ = _build(
+        scores=scores,
+        expected_bytes=expected_bytes,
+        release_period=release_period,
+        method=method,
+        method_params_=method_params,
+        pinned=pinned,
+        settings=settings,
+        source=source,
+    )
+    return plan
+
+
+def profile(
+    *,
+    stats: ComponentStats,
+    expected_bytes: Mapping[str, int],
+    release_period: int,
+    importance: ImportanceConfig | None = None,
+    method: str = "knee",
+    method_params: Mapping[str, Any] | None = None,
+    pinned: Iterable[str] = (),
+    source: Mapping[str, Any] | None = None,
+) -> tuple[SyncPlan, ImportanceScores, ThresholdResult]:
+    """Statistics -> scores -> threshold -> plan, in one call (``importance`` None = defaults).
+
+    Returns the plan, the scores of every component, and the threshold result over the unpinned
+    components (``result.keys`` names them, in ``stats.keys`` order).
+    """
+    scores = score_components(stats, importance or ImportanceConfig())
+    plan, result = _build(
+        scores=scores,
+        expected_bytes=expected_bytes,
+        release_period=release_period,
+        method=method,
+        method_params_=method_params,
+        pinned=pinned,
+        settings=None,
+        source=source,
+    )
+    return plan, scores, result
