@@ -1,0 +1,158 @@
+"""Calibration: what a real network adds to the nominal alpha-beta model, per link class.
+
+Fitted from testbed measurements (the validation tooling writes these files): per link class a
+per-message overhead ``alpha_s`` (software, framing, handshakes; added once per message, on top of
+the path's propagation latency) and an effective bandwidth, either as a factor of the nominal link
+bandwidth (TCP/IP framing and ACKs cost a few percent) or as an absolute figure; plus the reduction
+cost ``gamma_s_per_byte`` (seconds per byte a rank spends adding a received chunk into its buffer).
+
+A message crossing links of several classes pays the largest ``alpha_s`` among them once (the
+overhead is per message, set by the slowest transport on its way), and each link's capacity is
+scaled by its own class's factor.
+
+JSON layout (strict keys; numbers are SI units, strings with units are accepted too)::
+
+    {"gamma_s_per_byte": 2.5e-10,
+     "default": {"alpha_s": 0, "effective_bandwidth_factor": 1.0},
+     "link_classes": {"nic": {"alpha_s": 3.1e-05, "effective_bandwidth_factor": 0.944}},
+     "source": "testbed 2025-01-01, 4 ranks, 100 Mbit/s"}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from igpolicy.config import check_keys
+from igpolicy.units import parse_bandwidth, parse_time
+
+__all__ = ["Calibration", "LinkCalibration"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkCalibration:
+    """One link class: ``alpha_s`` per message; capacity = ``effective_bandwidth_bytes_per_s`` if
+    set, else nominal bandwidth x ``effective_bandwidth_factor``."""
+
+    alpha_s: float = 0.0
+    effective_bandwidth_factor: float = 1.0
+    effective_bandwidth_bytes_per_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.alpha_s) and self.alpha_s >= 0):
+            raise ValueError(f"calibration: alpha_s={self.alpha_s!r} must be >= 0 and finite")
+        f = self.effective_bandwidth_factor
+        if not (math.isfinite(f) and f > 0):
+            raise ValueError(f"calibration: effective_bandwidth_factor={f!r} must be > 0 and finite")
+        b = self.effective_bandwidth_bytes_per_s
+        if b is not None and not (math.isfinite(b) and b > 0):
+            raise ValueError(f"calibration: effective_bandwidth_bytes_per_s={b!r} must be > 0 and finite")
+
+    def capacity_bytes_per_s(self, nominal_bytes_per_s: float) -> float:
+        if self.effective_bandwidth_bytes_per_s is not None:
+            return float(self.effective_bandwidth_bytes_per_s)
+        return float(nominal_bytes_per_s) * self.effective_bandwidth_factor
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str) -> LinkCalibration:
+        check_keys(data, allowed=_LINK_KEYS, where=where)
+        kwargs: dict[str, Any] = {}
+        try:
+            if "alpha_s" in data:
+                kwargs["alpha_s"] = parse_time(data["alpha_s"])
+            if "effective_bandwidth_factor" in data:
+                kwargs["effective_bandwidth_factor"] = float(data["effective_bandwidth_factor"])
+            if data.get("effective_bandwidth_bytes_per_s") is not None:
+                kwargs["effective_bandwidth_bytes_per_s"] = parse_bandwidth(
+                    data["effective_bandwidth_bytes_per_s"]
+                )
+            return cls(**kwargs)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "alpha_s": self.alpha_s,
+            "effective_bandwidth_factor": self.effective_bandwidth_factor,
+        }
+        if self.effective_bandwidth_bytes_per_s is not None:
+            d["effective_bandwidth_bytes_per_s"] = self.effective_bandwidth_bytes_per_s
+        return d
+
+
+_LINK_KEYS = frozenset({"alpha_s", "effective_bandwidth_factor", "effective_bandwidth_bytes_per_s"})
+_TOP_KEYS = frozenset({"gamma_s_per_byte", "default", "link_classes", "source"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """Per-link-class corrections plus the reduction cost; the identity calibration by default."""
+
+    link_classes: Mapping[str, LinkCalibration] = field(default_factory=dict)
+    default: LinkCalibration = field(default_factory=LinkCalibration)
+    gamma_s_per_byte: float = 0.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        g = self.gamma_s_per_byte
+        if not (math.isfinite(g) and g >= 0):
+            raise ValueError(f"calibration: gamma_s_per_byte={g!r} must be >= 0 and finite")
+
+    def for_class(self, link_class: str) -> LinkCalibration:
+        return self.link_classes.get(link_class, self.default)
+
+    def capacity_bytes_per_s(self, link_class: str, nominal_bytes_per_s: float) -> float:
+        """The capacity one direction of a link of this class offers to flows (bytes/s)."""
+        return self.for_class(link_class).capacity_bytes_per_s(nominal_bytes_per_s)
+
+    def message_alpha_s(self, link_classes: Iterable[str]) -> float:
+        """Per-message overhead of a message crossing these classes: the largest ``alpha_s``."""
+        return max((self.for_class(c).alpha_s for c in link_classes), default=0.0)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "calibration") -> Calibration:
+        """Build from a mapping with strict keys; errors name ``where`` and the key."""
+        check_keys(data, allowed=_TOP_KEYS, where=where)
+        classes = data.get("link_classes", {})
+        if not isinstance(classes, Mapping):
+            raise ValueError(f"{where}: link_classes must be a mapping of class name -> settings")
+        try:
+            gamma = float(data.get("gamma_s_per_byte", 0.0))
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"{where}: gamma_s_per_byte={data['gamma_s_per_byte']!r} is not a number"
+            ) from None
+        return cls(
+            link_classes={
+                str(k): LinkCalibration.from_dict(v, where=f"{where}: link_classes.{k}")
+                for k, v in classes.items()
+            },
+            default=LinkCalibration.from_dict(data.get("default", {}), where=f"{where}: default"),
+            gamma_s_per_byte=gamma,
+            source=str(data.get("source", "")),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gamma_s_per_byte": self.gamma_s_per_byte,
+            "default": self.default.to_dict(),
+            "link_classes": {k: v.to_dict() for k, v in sorted(self.link_classes.items())},
+            "source": self.source,
+        }
+
+    @classmethod
+    def load(cls, path: str | Path) -> Calibration:
+        """Read a calibration JSON file (ValueError names the file on any problem)."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"calibration file {path}: not valid JSON ({e})") from None
+        return cls.from_dict(data, where=f"calibration file {path}")
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,620 @@
+"""Collective algorithms as message schedules, run over the flow network or costed in closed form.
+
+An algorithm is a *schedule*: a DAG of messages (src rank, dst rank, bytes), each starting once the
+messages it depends on have arrived, each dependency with a local compute delay (reducing a received
+chunk costs ``gamma_s_per_byte`` per byte). :func:`run_collective` sends the schedule's messages
+over a :class:`~igsim.network.Network`, so concurrent collectives and a non-uniform topology
+contend for links. :func:`predict_collective` times one collective on an idle topology, in closed
+form where that is exact (:mod:`igsim.analytic`) or by simulating it.
+
+Schedules (p ranks, n bytes; ranks progress independently, no global barrier):
+
+- ``ring``: reduce-scatter / all-gather in p-1 neighbour steps of n/p; all-reduce is both
+  (2(p-1) steps); broadcast is a pipelined chain of ``num_chunks`` chunks; the sparse all-gather is
+  a ring all-gatherv (each rank forwards the block it just received).
+- ``tree``: one chunk: binomial tree (reduce to rank 0, then broadcast); ``num_chunks`` > 1: the
+  heap-ordered binary tree, pipelined, each rank sending and receiving one message at a time
+  (reduce completes before the broadcast starts).
+- ``double_binary_tree``: two pipelined binary trees (the second over the reversed rank order),
+  each carrying n/2, run side by side.
+- ``halving_doubling`` (Rabenseifner) and ``recursive_doubling``: p a power of two.
+- ``direct``: every rank sends to every other at once (shares of n/p; broadcast: the root to all).
+- ``hierarchical`` (all-reduce): ring reduce-scatter inside each machine, ring all-reduce of n/g
+  across machines among ranks with the same local index, ring all-gather inside each machine;
+  machines are the topology's ``groups``.
+- ``padded`` (sparse all-gather): every payload padded to the largest, then a ring all-gather.
+- ``ideal``: a bound (one α plus the bandwidth lower bound), analytic only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import simpy
+
+from igsim import analytic as af
+from igsim.calibration import Calibration
+from igsim.network import Network
+from igsim.topology import Topology
+
+__all__ = [
+    "ALGORITHMS",
+    "OPS",
+    "SUPPORTED",
+    "CollectiveResult",
+    "CollectiveSpec",
+    "predict_collective",
+    "run_collective",
+]
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "sparse_all_gather")
+ALGORITHMS = (
+    "ring", "tree", "double_binary_tree", "halving_doubling", "recursive_doubling",
+    "direct", "hierarchical", "padded", "ideal",
+)  # fmt: skip
+SUPPORTED: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("ring", "tree", "double_binary_tree", "halving_doubling", "recursive_doubling",
+                   "direct", "hierarchical", "ideal"),
+    "all_gather": ("ring", "recursive_doubling", "direct", "ideal"),
+    "reduce_scatter": ("ring", "halving_doubling", "direct", "ideal"),
+    "broadcast": ("ring", "tree", "direct", "ideal"),
+    "sparse_all_gather": ("ring", "padded", "direct", "ideal"),
+}  # fmt: skip
+MODES = ("auto", "flow", "analytic")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveSpec:
+    """One collective: what (``op``), how (``algorithm``) and how much.
+
+    - ``size_bytes``: n, each rank's full buffer (all-reduce input, all-gather output,
+      reduce-scatter input, broadcast payload). Unused by ``sparse_all_gather``.
+    - ``sizes_bytes``: per-rank payload bytes for ``sparse_all_gather`` (one per rank).
+    - ``num_chunks``: pipelining depth for ``tree`` / ``double_binary_tree`` and ring broadcast.
+    - ``root``: the broadcast root (rank index).
+    """
+
+    op: str
+    algorithm: str = "ring"
+    size_bytes: float = 0.0
+    sizes_bytes: tuple[float, ...] = ()
+    num_chunks: int = 1
+    root: int = 0
+
+    def __post_init__(self) -> None:
+        if self.op not in SUPPORTED:
+            raise ValueError(f"collective op {self.op!r} is not one of {', '.join(OPS)}")
+        if self.algorithm not in SUPPORTED[self.op]:
+            raise ValueError(
+                f"collective {self.op}: algorithm {self.algorithm!r} is not one of {', '.join(SUPPORTED[self.op])}"
+            )
+        if not (math.isfinite(self.size_bytes) and self.size_bytes >= 0):
+            raise ValueError(f"collective {self.op}: size_bytes={self.size_bytes!r} must be >= 0 and finite")
+        object.__setattr__(self, "sizes_bytes", tuple(float(s) for s in self.sizes_bytes))
+        if any(not (math.isfinite(s) and s >= 0) for s in self.sizes_bytes):
+            raise ValueError(
+                f"collective {self.op}: sizes_bytes must be >= 0 and finite, got {self.sizes_bytes}"
+            )
+        if self.op == "sparse_all_gather" and not self.sizes_bytes:
+            raise ValueError("collective sparse_all_gather: sizes_bytes must give one payload size per rank")
+        if int(self.num_chunks) < 1:
+            raise ValueError(f"collective {self.op}: num_chunks={self.num_chunks!r} must be >= 1")
+
+    def check_ranks(self, p: int) -> None:
+        """ValueError if this spec cannot run on ``p`` ranks."""
+        if self.op == "sparse_all_gather" and len(self.sizes_bytes) != p:
+            raise ValueError(
+                f"collective sparse_all_gather: {len(self.sizes_bytes)} sizes_bytes for {p} ranks"
+            )
+        if not 0 <= self.root < p:
+            raise ValueError(f"collective {self.op}: root={self.root} is not a rank index below {p}")
+        if self.algorithm in ("halving_doubling", "recursive_doubling"):
+            af.log2_exact(p, what=f"{self.op} {self.algorithm}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveResult:
+    """``time_s`` from the collective's start until its last rank is done; the bytes each rank put
+    on the wire (rank order); the number of messages."""
+
+    time_s: float
+    bytes_sent_per_rank: tuple[float, ...]
+    num_messages: int
+
+
+# -- schedules ---------------------------------------------------------------------------------
+
+Dep = tuple[int, float]  # (message index, compute delay after its arrival, seconds)
+
+
+class _Schedule:
+    """A message DAG over rank indices; ``tails`` are the (message, delay) pairs that end it."""
+
+    def __init__(self, gamma: float):
+        self.gamma = gamma
+        self.src: list[int] = []
+        self.dst: list[int] = []
+        self.size: list[float] = []
+        self.deps: list[tuple[Dep, ...]] = []
+        self.tails: list[Dep] = []
+
+    def send(self, src: int, dst: int, size: float, deps: Sequence[Dep] = ()) -> int:
+        self.src.append(src)
+        self.dst.append(dst)
+        self.size.append(size)
+        self.deps.append(tuple(deps))
+        return len(self.src) - 1
+
+
+Entry = dict[int, list[Dep]]  # rank -> what its first send of a phase waits for
+
+
+def _ring(
+    s: _Schedule, group: Sequence[int], chunk: float, steps: int, reduce_steps: int, entry: Entry
+) -> Entry:
+    """``steps`` neighbour steps around ``group`` (position k sends to k+1); the chunks received
+    in the first ``reduce_steps`` steps are reduced before being forwarded. Returns each rank's exit."""
+    q = len(group)
+    if q == 1 or steps == 0:
+        return {r: list(entry.get(r, [])) for r in group}
+    prev: list[int] = []
+    for t in range(steps):
+        cur = []
+        red = s.gamma * chunk if t - 1 < reduce_steps else 0.0
+        for k, r in enumerate(group):
+            deps = list(entry.get(r, [])) if t == 0 else [(prev[k], 0.0), (prev[k - 1], red)]
+            cur.append(s.send(r, group[(k + 1) % q], chunk, deps))
+        prev = cur
+    red = s.gamma * chunk if steps <= reduce_steps else 0.0
+    return {r: [(prev[k], 0.0), (prev[k - 1], red)] for k, r in enumerate(group)}
+
+
+def _exchange(s: _Schedule, p: int, rounds: Sequence[tuple[int, float, bool]], entry: Entry) -> Entry:
+    """Pairwise exchange rounds (partner = i xor mask, ``size`` bytes each way, reduce or not)."""
+    last_send: dict[int, int] = {}
+    last_recv: dict[int, Dep] = {}
+    for mask, size, reduce in rounds:
+        msgs = {}
+        for i in range(p):
+            deps = [(last_send[i], 0.0), last_recv[i]] if i in last_send else list(entry.get(i, []))
+            msgs[i] = s.send(i, i ^ mask, size, deps)
+        for i in range(p):
+            last_send[i] = msgs[i]
+            last_recv[i] = (msgs[i ^ mask], s.gamma * size if reduce else 0.0)
+    return {
+        i: [(last_send[i], 0.0), last_recv[i]] if i in last_send else list(entry.get(i, [])) for i in range(p)
+    }
+
+
+def _binomial_reduce(s: _Schedule, p: int, n: float, entry: Entry) -> Entry:
+    """Binomial reduce to rank 0; each rank receives its children one at a time (returns root exit)."""
+    recvs: dict[int, list[int]] = {i: [] for i in range(p)}
+    red = s.gamma * n
+    for k in range(max(p - 1, 0).bit_length()):
+        for i in range(1 << k, p, 1 << (k + 1)):
+            parent = i - (1 << k)
+            deps = [(m, red) for m in recvs[i]] or list(entry.get(i, []))
+            if recvs[parent]:
+                deps.append((recvs[parent][-1], red))
+            elif entry.get(parent):
+                deps.extend(entry[parent])
+            recvs[parent].append(s.send(i, parent, n, deps))
+    return {0: [(m, red) for m in recvs[0]] or list(entry.get(0, []))}
+
+
+def _binomial_bcast(s: _Schedule, p: int, n: float, entry: Entry, root: int = 0) -> None:
+    """Binomial broadcast from ``root``: a rank sends to its children farthest first, one at a time."""
+    got: dict[int, list[Dep]] = {0: list(entry.get(root, []))}
+    top = max(p - 1, 0).bit_length()
+    for rel in range(p):  # parents come before children in this order
+        low = (rel & -rel).bit_length() - 1 if rel else top
+        deps = got[rel]
+        for k in range(low - 1, -1, -1):
+            child = rel + (1 << k)
+            if child < p:
+                m = s.send((rel + root) % p, (child + root) % p, n, deps)
+                got[child] = [(m, 0.0)]
+                deps = [(m, 0.0)]
+
+
+def _heap_children(v: int, p: int) -> list[int]:
+    return [c for c in (2 * v + 1, 2 * v + 2) if c < p]
+
+
+def _tree_reduce(s: _Schedule, order: Sequence[int], n: float, c: int, entry: Entry) -> list[Dep]:
+    """Pipelined reduce up the heap tree over ``order`` (order[0] is the root), the exact time
+    reverse of :func:`_tree_bcast`: a parent takes chunk j from its second child, then its first,
+    then chunk j+1; a rank sends chunk j up once it has reduced chunk j of all its children.
+    Returns the root's exit."""
+    p, m = len(order), n / c
+    red = s.gamma * m
+    up: dict[tuple[int, int], int] = {}
+    port_last: dict[int, int] = {}  # parent -> last message it received
+    for j in range(c):
+        for v in range(p - 1, 0, -1):  # children (larger index) first; second child before first
+            parent = (v - 1) // 2
+            deps = [(up[(ch, j)], red) for ch in _heap_children(v, p)]
+            if j == 0:
+                deps.extend(entry.get(order[v], []))
+            if parent in port_last:
+                deps.append((port_last[parent], 0.0))
+            elif j == 0:
+                deps.extend(entry.get(order[parent], []))
+            up[(v, j)] = port_last[parent] = s.send(order[v], order[parent], m, deps)
+    if p == 1:
+        return list(entry.get(order[0], []))
+    return [(up[(ch, c - 1)], red) for ch in _heap_children(0, p)]
+
+
+def _tree_bcast(s: _Schedule, order: Sequence[int], n: float, c: int, root_deps: list[Dep]) -> None:
+    """Pipelined broadcast down the heap tree over ``order``: each node sends chunk j to its first
+    child, then its second, then chunk j+1 (one message at a time)."""
+    p, m = len(order), n / c
+    recv: dict[tuple[int, int], int] = {}
+    for v in range(p):
+        last = None
+        for j in range(c):
+            for ch in _heap_children(v, p):
+                deps = [(last, 0.0)] if last is not None else []
+                if v == 0:
+                    if j == 0:
+                        deps.extend(root_deps)
+                else:
+                    deps.append((recv[(v, j)], 0.0))
+                last = s.send(order[v], order[ch], m, deps)
+                recv[(ch, j)] = last
+
+
+def _direct(s: _Schedule, p: int, chunk_of, entry: Entry, *, reduce: bool) -> Entry:
+    """Every rank sends ``chunk_of(i)`` bytes to every other rank at once."""
+    got: dict[int, list[int]] = {i: [] for i in range(p)}
+    sent: dict[int, list[int]] = {i: [] for i in range(p)}
+    for i in range(p):
+        for d in range(1, p):
+            j = (i + d) % p
+            m = s.send(i, j, chunk_of(i), entry.get(i, []))
+            got[j].append(m)
+            sent[i].append(m)
+    exit_: Entry = {}
+    for i in range(p):
+        red = s.gamma * sum(chunk_of(s.src[m]) for m in got[i]) if reduce else 0.0
+        exit_[i] = [(m, red) for m in got[i]] + [(m, 0.0) for m in sent[i]] or list(entry.get(i, []))
+    return exit_
+
+
+def _rails(topo: Topology, ranks: Sequence[str]) -> list[list[int]]:
+    """The topology's machines as lists of rank indices (for the hierarchical all-reduce)."""
+    if not topo.groups:
+        raise ValueError(
+            f"hierarchical all_reduce needs a topology with machines (groups); {topo.name!r} has none"
+        )
+    index = {r: i for i, r in enumerate(ranks)}
+    groups = [[index[r] for r in g if r in index] for g in topo.groups]
+    groups = [g for g in groups if g]
+    if len({len(g) for g in groups}) != 1:
+        raise ValueError(
+            "hierarchical all_reduce needs the same number of participating ranks on every machine"
+        )
+    return groups
+
+
+def _build(spec: CollectiveSpec, p: int, gamma: float, groups: list[list[int]] | None = None) -> _Schedule:
+    s = _Schedule(gamma)
+    op, alg, n, c = spec.op, spec.algorithm, spec.size_bytes, int(spec.num_chunks)
+    everyone = list(range(p))
+    ex: Entry = {}
+    if alg == "ideal":
+        raise ValueError(
+            f"collective {op}: algorithm 'ideal' is a bound with no message schedule; use mode='analytic'"
+        )
+    if op == "sparse_all_gather":
+        sizes = spec.sizes_bytes
+        if alg == "direct":
+            ex = _direct(s, p, lambda i: sizes[i], {}, reduce=False)
+        elif alg == "padded":
+            ex = _ring(s, everyone, max(sizes), p - 1, 0, {})
+        else:  # ring all-gatherv: step t, rank k forwards block (k - t) mod p
+            prev: list[int] = []
+            for t in range(p - 1):
+                cur = []
+                for k in range(p):
+                    deps = [] if t == 0 else [(prev[k], 0.0), (prev[k - 1], 0.0)]
+                    cur.append(s.send(k, (k + 1) % p, sizes[(k - t) % p], deps))
+                prev = cur
+            ex = {k: [(prev[k], 0.0), (prev[k - 1], 0.0)] for k in range(p)} if p > 1 else {}
+    elif op == "broadcast":
+        order = [(spec.root + i) % p for i in range(p)]
+        if alg == "ring":  # pipelined chain: position k forwards chunk j to k + 1
+            chain: dict[tuple[int, int], int] = {}
+            for j in range(c):
+                for k in range(p - 1):
+                    deps = [(chain[(k, j - 1)], 0.0)] if j else []
+                    if k:
+                        deps.append((chain[(k - 1, j)], 0.0))
+                    chain[(k, j)] = s.send(order[k], order[k + 1], n / c, deps)
+        elif alg == "direct":
+            for k in range(1, p):
+                s.send(spec.root, order[k], n)
+        elif c == 1:
+            _binomial_bcast(s, p, n, {}, root=spec.root)
+        else:
+            _tree_bcast(s, order, n, c, [])
+        return s
+    elif alg == "ring":
+        steps = {"all_reduce": 2 * (p - 1), "all_gather": p - 1, "reduce_scatter": p - 1}[op]
+        reduce_steps = 0 if op == "all_gather" else p - 1
+        ex = _ring(s, everyone, n / p, steps, reduce_steps, {})
+    elif alg in ("halving_doubling", "recursive_doubling"):
+        masks = [1 << k for k in range(af.log2_exact(p, what=f"{op} {alg}"))]
+        rs = [(mk, n * mk / p, True) for mk in reversed(masks)]
+        ag = [(mk, n * mk / p, False) for mk in masks]
+        if op == "all_reduce" and alg == "recursive_doubling":
+            rounds = [(mk, n, True) for mk in masks]
+        else:
+            rounds = {"all_reduce": rs + ag, "reduce_scatter": rs, "all_gather": ag}[op]
+        ex = _exchange(s, p, rounds, {})
+    elif alg == "direct":
+        if op in ("reduce_scatter", "all_reduce"):
+            ex = _direct(s, p, lambda i: n / p, {}, reduce=True)
+        if op in ("all_gather", "all_reduce"):
+            ex = _direct(s, p, lambda i: n / p, ex, reduce=False)
+    elif alg == "tree" and c == 1:
+        root_exit = _binomial_reduce(s, p, n, {})
+        _binomial_bcast(s, p, n, root_exit)
+    elif alg in ("tree", "double_binary_tree"):
+        orders = [everyone] if alg == "tree" else [everyone, everyone[::-1]]
+        share = n / len(orders)
+        for order in orders:
+            root_exit = _tree_reduce(s, order, share, c, {})
+            _tree_bcast(s, order, share, c, root_exit)
+    elif alg == "hierarchical":
+        groups = groups or [everyone]
+        g = len(groups[0])
+        for grp in groups:
+            ex.update(_ring(s, grp, n / g, g - 1, g - 1, {}))
+        inner = dict(ex)
+        for local in range(g):
+            rail = [grp[local] for grp in groups]
+            inner.update(_ring(s, rail, n / g / len(groups), 2 * (len(groups) - 1), len(groups) - 1, ex))
+        ex = {}
+        for grp in groups:
+            ex.update(_ring(s, grp, n / g, g - 1, 0, inner))
+    s.tails = [d for deps in ex.values() for d in deps]
+    return s
+
+
+# -- running a schedule over the network -------------------------------------------------------
+
+
+def run_collective(
+    net: Network, spec: CollectiveSpec, *, ranks: Sequence[str] | None = None
+) -> simpy.Process:
+    """Start ``spec`` on ``net`` now among ``ranks`` (default: all the topology's ranks, in order).
+
+    Returns the simpy process; it ends when the last rank is done (including the final local
+    reduction) and its value is a :class:`CollectiveResult`. Messages share the network with
+    whatever else is running on it. ``gamma_s_per_byte`` comes from the network's calibration.
+    """
+    names = list(net.topology.ranks if ranks is None else ranks)
+    unknown = [r for r in names if r not in net.topology.ranks]
+    if unknown:
+        raise ValueError(f"collective {spec.op}: {unknown} are not ranks of topology {net.topology.name!r}")
+    p = len(names)
+    spec.check_ranks(p)
+    groups = _rails(net.topology, names) if spec.algorithm == "hierarchical" else None
+    sched = _build(spec, p, net.calibration.gamma_s_per_byte, groups)
+    return net.env.process(_execute(net, sched, names))
+
+
+def _execute(net: Network, s: _Schedule, names: list[str]):
+    env = net.env
+    t0 = env.now
+    count = len(s.src)
+    sent = [0.0] * len(names)
+    for src, size in zip(s.src, s.size):
+        sent[src] += size
+    dependents: list[list[Dep]] = [[] for _ in range(count)]
+    pending = [len(d) for d in s.deps]
+    for m, deps in enumerate(s.deps):
+        for d, delay in deps:
+            dependents[d].append((m, delay))
+    ready = [t0] * count
+    arrived = [t0] * count
+    left = [count]
+    all_done = env.event()
+    src, dst, size, send = s.src, s.dst, s.size, net.send
+
+    def launch(m: int, _event=None) -> None:
+        send(names[src[m]], names[dst[m]], size[m], partial(on_arrival, m))
+
+    def on_arrival(m: int) -> None:
+        now = env.now
+        arrived[m] = now
+        for d, delay in dependents[m]:
+            t = now + delay
+            if t > ready[d]:
+                ready[d] = t
+            pending[d] -= 1
+            if not pending[d]:
+                if ready[d] > now:
+                    env.timeout(ready[d] - now).callbacks.append(partial(launch, d))
+                else:
+                    launch(d)
+        left[0] -= 1
+        if not left[0]:
+            all_done.succeed()
+
+    for m in range(count):
+        if not pending[m]:
+            launch(m)
+    if count:
+        yield all_done
+    end = max([env.now] + [arrived[m] + delay for m, delay in s.tails])
+    if end > env.now:
+        yield env.timeout(end - env.now)
+    return CollectiveResult(time_s=env.now - t0, bytes_sent_per_rank=tuple(sent), num_messages=count)
+
+
+# -- prediction --------------------------------------------------------------------------------
+
+
+def predict_collective(
+    spec: CollectiveSpec, topology: Topology, *, calibration: Calibration | None = None, mode: str = "auto"
+) -> CollectiveResult:
+    """Time one collective among all ranks of an otherwise idle ``topology``.
+
+    ``mode``: ``flow`` simulates the schedule in a fresh simpy environment; ``analytic`` uses the
+    closed form with α and B taken from the topology (exact on a uniform star, on a uniform ring
+    for ring schedules and on an unmodified two-level cluster for ``hierarchical``; an estimate
+    elsewhere); ``auto`` uses the closed form exactly where it is exact, else the flow mode.
+    ``ideal`` is always analytic.
+
+    >>> from igsim.topology import star
+    >>> spec = CollectiveSpec(op="all_reduce", algorithm="ring", size_bytes=1e6)
+    >>> topo = star(num_ranks=4, bandwidth_bytes_per_s=1e9, latency_s=5e-6)
+    >>> r = predict_collective(spec, topo, mode="flow")
+    >>> round(r.time_s, 9), r.num_messages
+    (0.00156, 24)
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    calibration = calibration or Calibration()
+    spec.check_ranks(topology.num_ranks)
+    if (
+        mode == "analytic"
+        or spec.algorithm == "ideal"
+        or (mode == "auto" and _closed_form_exact(spec, topology, calibration))
+    ):
+        return _analytic(spec, topology, calibration)
+    env = simpy.Environment()
+    net = Network(env, topology, calibration=calibration)
+    proc = run_collective(net, spec)
+    env.run(proc)
+    return proc.value
+
+
+def _closed_form_exact(spec: CollectiveSpec, topo: Topology, cal: Calibration) -> bool:
+    alg = spec.algorithm
+    if alg == "tree" and spec.num_chunks > 1 and spec.op == "all_reduce" and cal.gamma_s_per_byte > 0:
+        return False
+    if alg == "hierarchical":
+        return topo.kind == "two_level"
+    if alg == "double_binary_tree" or (spec.op == "sparse_all_gather" and alg == "direct"):
+        return False
+    if topo.uniform_star() is not None:
+        return True
+    return topo.uniform_ring() is not None and alg in ("ring", "padded")
+
+
+def _alpha_bandwidth(topo: Topology, cal: Calibration) -> tuple[float, float]:
+    """(α, B) for the closed forms: the largest α and smallest capacity over ring-neighbour paths."""
+    uni = topo.uniform_star() or topo.uniform_ring()
+    if uni is not None:
+        lat, bw, cls = uni
+        hops = 2 if topo.uniform_star() is not None else 1
+        return hops * lat + cal.for_class(cls).alpha_s, cal.capacity_bytes_per_s(cls, bw)
+    net = Network(simpy.Environment(), topo, calibration=cal)
+    pairs = [(r, topo.ranks[(i + 1) % topo.num_ranks]) for i, r in enumerate(topo.ranks)]
+    pairs = [(a, b) for a, b in pairs if a != b]
+    if not pairs:
+        return 0.0, math.inf
+    return max(net.path_alpha_s(a, b) for a, b in pairs), min(
+        net.path_capacity_bytes_per_s(a, b) for a, b in pairs
+    )
+
+
+def _hierarchical_terms(topo: Topology, cal: Calibration) -> dict[str, float]:
+    """α and per-ring bandwidth inside and across machines, counting how many concurrent ring
+    messages share each link (a NIC shared by the machine's g rails gives each rail 1/g)."""
+    net = Network(simpy.Environment(), topo, calibration=cal)
+    groups = [list(g) for g in topo.groups]
+    g, m = len(groups[0]), len(groups)
+
+    def per_flow(pairs: list[tuple[str, str]]) -> tuple[float, float]:
+        use: dict[int, int] = {}
+        for a, b in pairs:
+            for li in net.route(a, b)[0]:
+                use[li] = use.get(li, 0) + 1
+        a, b = pairs[0]
+        links = net.route(a, b)[0]
+        return net.path_alpha_s(a, b), min(net._capacity[li] / use[li] for li in links)
+
+    out = {"intra_alpha_s": 0.0, "intra_bandwidth_bytes_per_s": math.inf,
+           "inter_alpha_s": 0.0, "inter_bandwidth_bytes_per_s": math.inf}  # fmt: skip
+    if g > 1:
+        pairs = [(grp[k], grp[(k + 1) % g]) for grp in groups for k in range(g)]
+        out["intra_alpha_s"], out["intra_bandwidth_bytes_per_s"] = per_flow(pairs)
+    if m > 1:
+        pairs = [(groups[k][j], groups[(k + 1) % m][j]) for j in range(g) for k in range(m)]
+        out["inter_alpha_s"], out["inter_bandwidth_bytes_per_s"] = per_flow(pairs)
+    return out
+
+
+def _analytic(spec: CollectiveSpec, topo: Topology, cal: Calibration) -> CollectiveResult:
+    p = topo.num_ranks
+    gamma = cal.gamma_s_per_byte
+    g = len(topo.groups[0]) if topo.groups else None
+    if spec.algorithm == "hierarchical":
+        if not topo.groups:
+            raise ValueError(
+                f"hierarchical all_reduce needs a topology with machines; {topo.name!r} has none"
+            )
+        t = af.hierarchical_all_reduce_s(
+            ranks_per_node=g,
+            num_nodes=len(topo.groups),
+            size_bytes=spec.size_bytes,
+            gamma_s_per_byte=gamma,
+            **_hierarchical_terms(topo, cal),
+        )
+    else:
+        alpha, bw = _alpha_bandwidth(topo, cal)
+        t = _closed_form(spec, p, alpha, bw, gamma)
+    sent, count = af.collective_traffic(
+        op=spec.op,
+        algorithm=spec.algorithm,
+        p=p,
+        size_bytes=spec.size_bytes,
+        sizes_bytes=spec.sizes_bytes,
+        num_chunks=spec.num_chunks,
+        root=spec.root,
+        ranks_per_node=g,
+    )
+    return CollectiveResult(time_s=t, bytes_sent_per_rank=sent, num_messages=count)
+
+
+def _closed_form(spec: CollectiveSpec, p: int, a: float, b: float, gamma: float) -> float:
+    op, alg, n, c = spec.op, spec.algorithm, spec.size_bytes, int(spec.num_chunks)
+    kw = {"p": p, "size_bytes": n, "alpha_s": a, "bandwidth_bytes_per_s": b}
+    red = {**kw, "gamma_s_per_byte": gamma}
+    if alg == "ideal":
+        return af.ideal_s(op=op, **kw, sizes_bytes=spec.sizes_bytes)
+    if op == "sparse_all_gather":
+        if alg == "direct":
+            raise ValueError(
+                "sparse_all_gather 'direct' has no closed form (unequal flows share links); use mode='flow'"
+            )
+        f = af.ring_allgatherv_s if alg == "ring" else af.padded_sparse_all_gather_s
+        return f(sizes_bytes=spec.sizes_bytes, alpha_s=a, bandwidth_bytes_per_s=b)
+    table = {
+        ("all_reduce", "ring"): lambda: af.ring_all_reduce_s(**red),
+        ("all_reduce", "halving_doubling"): lambda: af.halving_doubling_all_reduce_s(**red),
+        ("all_reduce", "recursive_doubling"): lambda: af.recursive_doubling_all_reduce_s(**red),
+        ("all_reduce", "direct"): lambda: af.direct_all_reduce_s(**red),
+        ("all_reduce", "tree"): lambda: af.binomial_tree_all_reduce_s(**red) if c == 1
+        else af.pipelined_tree_all_reduce_s(**red, num_chunks=c),
+        ("all_reduce", "double_binary_tree"): lambda: af.double_binary_tree_all_reduce_s(**kw, num_chunks=c),
+        ("all_gather", "ring"): lambda: af.ring_all_gather_s(**kw),
+        ("all_gather", "recursive_doubling"): lambda: af.recursive_doubling_all_gather_s(**kw),
+        ("all_gather", "direct"): lambda: af.direct_all_gather_s(**kw),
+        ("reduce_scatter", "ring"): lambda: af.ring_reduce_scatter_s(**red),
+        ("reduce_scatter", "halving_doubling"): lambda: af.recursive_halving_reduce_scatter_s(**red),
+        ("reduce_scatter", "direct"): lambda: af.direct_reduce_scatter_s(**red),
+        ("broadcast", "ring"): lambda: af.ring_broadcast_s(**kw, num_chunks=c),
+        ("broadcast", "direct"): lambda: af.direct_broadcast_s(**kw),
+        ("broadcast", "tree"): lambda: af.binomial_broadcast_s(**kw) if c == 1
+        else af.pipelined_tree_broadcast_s(**kw, num_chunks=c),
+    }  # fmt: skip
+    return table[(op, alg)]()

@@ -1,0 +1,329 @@
+"""The flow-level network: messages as flows sharing directed links max-min fairly.
+
+A message of ``size_bytes`` from ``src`` to ``dst`` first waits its per-message latency
+``alpha = path latency + calibration alpha`` (no bandwidth is used meanwhile), then becomes a *flow*
+over the directed links of its path. Every directed link's capacity (nominal bandwidth x the
+calibration's factor for its class) is shared among the flows crossing it by max-min fairness,
+computed by progressive filling. The message completes when its last byte has been delivered; its
+completion is a simpy event. Bytes flow cut-through: an uncontended message takes exactly
+``alpha + size_bytes / bottleneck_capacity``.
+
+Rates are recomputed incrementally: when flows start or end, only the flows connected to them
+(through shared links, transitively) are re-filled, and only flows whose rate changed get a new
+completion time. All starts and ends at one simulated instant are batched into one recomputation,
+run after every other event of that instant (a simpy event of lower priority).
+
+Deterministic: flows are kept in insertion order and ties are broken by link index.
+
+>>> import simpy
+>>> from igsim.topology import star
+>>> env = simpy.Environment()
+>>> net = Network(env, star(num_ranks=2, bandwidth_bytes_per_s=1e9, latency_s=1e-6))
+>>> done = net.transfer("r0", "r1", 1e6)
+>>> env.run(done)  # the value is the message size
+1000000.0
+>>> round(env.now, 9)
+0.001002
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import simpy
+
+from igsim.calibration import Calibration
+from igsim.topology import Topology
+
+__all__ = ["FlowInfo", "Network"]
+
+# Runs after every NORMAL (1) and URGENT (0) event scheduled for the same instant.
+_LATE = 2
+
+
+class _Flow:
+    __slots__ = ("done", "fid", "last_s", "links", "rate", "remaining", "size", "version")
+
+    def __init__(self, fid: int, links: tuple[int, ...], size: float, done: Callable[[], object], now: float):
+        self.fid = fid
+        self.links = links
+        self.size = size
+        self.remaining = size
+        self.rate = 0.0
+        self.last_s = now
+        self.version = 0
+        self.done = done
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlowInfo:
+    """A snapshot of one active flow (for tests and tracing)."""
+
+    fid: int
+    src: str
+    dst: str
+    rate_bytes_per_s: float
+    remaining_bytes: float
+    links: tuple[tuple[str, str], ...]
+
+
+class Network:
+    """Flows over a :class:`~igsim.topology.Topology` inside one simpy environment.
+
+    ``transfer(src, dst, size_bytes)`` returns an event that succeeds (value: ``size_bytes``) when
+    the message has arrived. Counters: ``num_messages``, ``bytes_delivered``, ``num_recomputes``
+    (batched rate recomputations) and ``num_rate_updates`` (flows whose rate changed).
+    """
+
+    def __init__(self, env: simpy.Environment, topology: Topology, *, calibration: Calibration | None = None):
+        self.env = env
+        self.topology = topology
+        self.calibration = calibration or Calibration()
+        self._link_index: dict[tuple[str, str], int] = {}
+        self._link_names: list[tuple[str, str]] = []
+        self._capacity: list[float] = []
+        for u, v, data in topology.graph.edges(data=True):
+            cap = self.calibration.capacity_bytes_per_s(data["link_class"], data["bandwidth_bytes_per_s"])
+            for a, b in ((u, v), (v, u)):
+                self._link_index[(a, b)] = len(self._link_names)
+                self._link_names.append((a, b))
+                self._capacity.append(cap)
+        self._on_link: list[dict[int, _Flow]] = [{} for _ in self._link_names]
+        self._routes: dict[tuple[str, str], tuple[tuple[int, ...], float]] = {}
+        self._bottleneck: dict[tuple[int, ...], float] = {}
+        self._flows: dict[int, _Flow] = {}
+        self._ends: dict[int, tuple[str, str]] = {}
+        self._dirty: set[int] = set()
+        self._pending = False
+        self._next_fid = 0
+        self.num_messages = 0
+        self.bytes_delivered = 0.0
+        self.num_recomputes = 0
+        self.num_rate_updates = 0
+
+    # -- routes ---------------------------------------------------------------------------------
+
+    def route(self, src: str, dst: str) -> tuple[tuple[int, ...], float]:
+        """(directed link indices, alpha_s) of a message from ``src`` to ``dst``; cached."""
+        key = (src, dst)
+        r = self._routes.get(key)
+        if r is None:
+            topo = self.topology
+            hops = topo.path_links(src, dst)
+            links = tuple(self._link_index[h] for h in hops)
+            classes = {topo.graph.edges[h]["link_class"] for h in hops}
+            alpha = topo.path_latency_s(src, dst) + self.calibration.message_alpha_s(classes)
+            r = self._routes[key] = (links, alpha)
+            if links:
+                self._bottleneck[links] = min(self._capacity[i] for i in links)
+        return r
+
+    def path_alpha_s(self, src: str, dst: str) -> float:
+        """Latency a message pays before its bytes flow: path latency + calibration alpha."""
+        return self.route(src, dst)[1]
+
+    def path_capacity_bytes_per_s(self, src: str, dst: str) -> float:
+        """Uncontended rate of a flow from ``src`` to ``dst`` (its bottleneck link capacity)."""
+        links = self.route(src, dst)[0]
+        return min((self._capacity[i] for i in links), default=float("inf"))
+
+    # -- messages -------------------------------------------------------------------------------
+
+    def transfer(self, src: str, dst: str, size_bytes: float) -> simpy.Event:
+        """Send ``size_bytes`` from ``src`` to ``dst``; the event succeeds on arrival.
+
+        ``size_bytes`` may be 0 (the message still pays alpha) and fractional. ``src == dst``
+        arrives at once.
+        """
+        done = self.env.event()
+        self.send(src, dst, size_bytes, partial(done.succeed, size_bytes))
+        return done
+
+    def send(self, src: str, dst: str, size_bytes: float, on_arrival: Callable[[], object]) -> None:
+        """Like :meth:`transfer`, but calls ``on_arrival()`` at arrival instead of triggering an
+        event (one simpy event less per message; used by the collective schedules)."""
+        if size_bytes < 0:
+            raise ValueError(f"transfer {src}->{dst}: size_bytes={size_bytes!r} must be >= 0")
+        links, alpha = self.route(src, dst)
+        self.num_messages += 1
+        if not links or (size_bytes == 0 and alpha == 0):
+            on_arrival()
+        elif alpha > 0:
+            start = self.env.timeout(alpha)
+            start.callbacks.append(partial(self._start, src, dst, links, float(size_bytes), on_arrival))
+        else:
+            self._start(src, dst, links, float(size_bytes), on_arrival, None)
+
+    def _start(self, src, dst, links, size, on_arrival, _event) -> None:
+        if size == 0:
+            on_arrival()
+            return
+        fid = self._next_fid
+        self._next_fid += 1
+        now = self.env.now
+        flow = _Flow(fid, links, size, on_arrival, now)
+        self._flows[fid] = flow
+        self._ends[fid] = (src, dst)
+        on_link = self._on_link
+        for li in links:
+            if on_link[li]:
+                break
+        else:  # alone on every link: its rate is its bottleneck capacity, no recomputation needed
+            for li in links:
+                on_link[li][fid] = flow
+            flow.rate = self._bottleneck[links]
+            flow.version = 1
+            self.num_rate_updates += 1
+            self.env.timeout(size / flow.rate).callbacks.append(partial(self._finish, flow, 1))
+            return
+        for li in links:
+            on_link[li][fid] = flow
+        self._mark(links)
+
+    def _finish(self, flow: _Flow, version: int, _event) -> None:
+        if flow.version != version:
+            return  # superseded by a rate change
+        fid = flow.fid
+        del self._flows[fid]
+        del self._ends[fid]
+        on_link = self._on_link
+        shared = False
+        for li in flow.links:
+            del on_link[li][fid]
+            shared = shared or bool(on_link[li])
+        self.bytes_delivered += flow.size
+        flow.rate = 0.0
+        if shared:
+            self._mark(flow.links)
+        flow.done()
+
+    def _mark(self, links: tuple[int, ...]) -> None:
+        self._dirty.update(links)
+        if not self._pending:
+            self._pending = True
+            ev = simpy.Event(self.env)
+            ev._ok = True  # trigger by hand so the event can carry the late priority
+            ev._value = None
+            ev.callbacks.append(self._recompute)
+            self.env.schedule(ev, _LATE)
+
+    # -- max-min fair rates ---------------------------------------------------------------------
+
+    def _recompute(self, _event) -> None:
+        self._pending = False
+        dirty, self._dirty = self._dirty, set()
+        flows = self._component(dirty)
+        if not flows:
+            return
+        self.num_recomputes += 1
+        rates = self._fill(flows)
+        now = self.env.now
+        for flow in flows:
+            new = rates[flow.fid]
+            if new == flow.rate:
+                continue
+            self.num_rate_updates += 1
+            if flow.rate:
+                flow.remaining = max(0.0, flow.remaining - flow.rate * (now - flow.last_s))
+            flow.last_s = now
+            flow.rate = new
+            flow.version += 1
+            t = self.env.timeout(flow.remaining / new)
+            t.callbacks.append(partial(self._finish, flow, flow.version))
+
+    def _component(self, links: set[int]) -> list[_Flow]:
+        """Every active flow connected to ``links`` through shared links, in flow-id order."""
+        on_link = self._on_link
+        seen_links = set(links)
+        stack = list(links)
+        found: dict[int, _Flow] = {}
+        while stack:
+            li = stack.pop()
+            for fid, flow in on_link[li].items():
+                if fid in found:
+                    continue
+                found[fid] = flow
+                for lj in flow.links:
+                    if lj not in seen_links:
+                        seen_links.add(lj)
+                        stack.append(lj)
+        return [found[k] for k in sorted(found)]
+
+    def _fill(self, flows: list[_Flow]) -> dict[int, float]:
+        """Progressive filling: the max-min fair rate of each flow (all flows on a touched link
+        are in ``flows`` by construction)."""
+        cap = self._capacity
+        if len(flows) == 1:
+            (flow,) = flows
+            return {flow.fid: min(cap[li] for li in flow.links)}
+        remaining: dict[int, float] = {}
+        count: dict[int, int] = {}
+        for flow in flows:
+            for li in flow.links:
+                if li in count:
+                    count[li] += 1
+                else:
+                    count[li] = 1
+                    remaining[li] = cap[li]
+        rates: dict[int, float] = {}
+        for flow in flows:  # flows alone on all their links take their bottleneck capacity
+            if all(count[li] == 1 for li in flow.links):
+                rates[flow.fid] = min(cap[li] for li in flow.links)
+                for li in flow.links:
+                    count[li] = 0
+        heap = [(remaining[li] / n, li, n) for li, n in count.items() if n]
+        heapq.heapify(heap)
+        on_link = self._on_link
+        while heap:
+            _, li, n = heapq.heappop(heap)
+            if count[li] != n or n == 0:
+                continue  # stale entry
+            share = remaining[li] / n
+            for fid, flow in on_link[li].items():
+                if fid in rates:
+                    continue
+                rates[fid] = share
+                for lj in flow.links:
+                    if lj == li:
+                        continue
+                    remaining[lj] = max(0.0, remaining[lj] - share)
+                    count[lj] -= 1
+                    if count[lj]:
+                        heapq.heappush(heap, (remaining[lj] / count[lj], lj, count[lj]))
+            count[li] = 0
+        return rates
+
+    # -- introspection --------------------------------------------------------------------------
+
+    @property
+    def num_active_flows(self) -> int:
+        return len(self._flows)
+
+    def flows(self) -> list[FlowInfo]:
+        """The active flows (bytes moving now), in start order, with their current rates."""
+        now = self.env.now
+        out = []
+        for fid, f in self._flows.items():
+            src, dst = self._ends[fid]
+            out.append(
+                FlowInfo(
+                    fid=fid,
+                    src=src,
+                    dst=dst,
+                    rate_bytes_per_s=f.rate,
+                    remaining_bytes=max(0.0, f.remaining - f.rate * (now - f.last_s)),
+                    links=tuple(self._link_names[i] for i in f.links),
+                )
+            )
+        return out
+
+    def link_load(self) -> dict[tuple[str, str], tuple[float, float]]:
+        """Directed link -> (sum of flow rates on it, its capacity), for links carrying flows."""
+        out = {}
+        for li, on in enumerate(self._on_link):
+            if on:
+                out[self._link_names[li]] = (sum(f.rate for f in on.values()), self._capacity[li])
+        return out

@@ -1,0 +1,218 @@
+"""The flow-level network: uncontended timing, max-min fairness, conservation, determinism.
+
+Oracles: alpha + size / bottleneck for a lone message; a from-scratch water-filling computation of
+the max-min fair rates, compared with the incrementally maintained rates at random instants.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from igsim.calibration import Calibration, LinkCalibration
+from igsim.network import Network
+from igsim.topology import leaf_spine, star
+
+REL = 1e-9
+
+
+def _close(a: float, b: float, rel: float = REL) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-15)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    size=st.floats(0, 1e9),
+    bw=st.floats(1e6, 1e12),
+    lat=st.floats(0, 1e-3),
+)
+def test_lone_message_takes_alpha_plus_size_over_bandwidth(size, bw, lat):
+    env = simpy.Environment()
+    net = Network(env, star(num_ranks=2, bandwidth_bytes_per_s=bw, latency_s=lat))
+    done = net.transfer("r0", "r1", size)
+    assert env.run(done) == size
+    assert _close(env.now, 2 * lat + size / bw)
+    assert net.bytes_delivered == size
+
+
+def test_two_flows_sharing_a_link_get_half_each():
+    env = simpy.Environment()
+    net = Network(env, star(num_ranks=3, bandwidth_bytes_per_s=1e9, latency_s=0.0))
+    a = net.transfer("r0", "r2", 1e6)
+    b = net.transfer("r1", "r2", 1e6)
+    env.run(1e-4)
+    rates = [f.rate_bytes_per_s for f in net.flows()]
+    assert rates == [5e8, 5e8]
+    env.run(a & b)
+    assert _close(env.now, 2e-3)
+
+
+def test_a_flow_limited_elsewhere_leaves_the_rest_to_the_others():
+    # r0's own link is slow (1e8); r0 and r1 both send to r2, whose downlink (1e9) they share
+    topo = star(
+        num_ranks=3,
+        bandwidth_bytes_per_s=1e9,
+        latency_s=0.0,
+        link_overrides={("r0", "sw"): {"bandwidth_bytes_per_s": 1e8}},
+    )
+    env = simpy.Environment()
+    net = Network(env, topo)
+    net.transfer("r0", "r2", 1e6)
+    fast = net.transfer("r1", "r2", 1e6)
+    env.run(1e-5)
+    by_src = {f.src: f.rate_bytes_per_s for f in net.flows()}
+    assert by_src == {"r0": 1e8, "r1": 9e8}
+    env.run(fast)
+    assert _close(env.now, 1e6 / 9e8)
+    env.run(2e-3)  # r1 done: r0 still limited by its own link
+    assert [f.rate_bytes_per_s for f in net.flows()] == [1e8]
+
+
+def test_full_duplex_directions_do_not_compete():
+    env = simpy.Environment()
+    net = Network(env, star(num_ranks=2, bandwidth_bytes_per_s=1e9, latency_s=0.0))
+    ev = net.transfer("r0", "r1", 1e6) & net.transfer("r1", "r0", 1e6)
+    env.run(ev)
+    assert _close(env.now, 1e-3)
+
+
+def test_zero_bytes_pays_alpha_self_transfer_is_free_negative_is_an_error():
+    env = simpy.Environment()
+    net = Network(env, star(num_ranks=2, bandwidth_bytes_per_s=1e9, latency_s=3e-6))
+    env.run(net.transfer("r0", "r1", 0))
+    assert _close(env.now, 6e-6)
+    t = env.now
+    env.run(net.transfer("r1", "r1", 1e9))
+    assert env.now == t
+    with pytest.raises(ValueError, match="size_bytes"):
+        net.transfer("r0", "r1", -1)
+
+
+def test_calibration_adds_alpha_and_scales_capacity():
+    cal = Calibration(link_classes={"nic": LinkCalibration(alpha_s=1e-5, effective_bandwidth_factor=0.5)})
+    env = simpy.Environment()
+    net = Network(env, star(num_ranks=2, bandwidth_bytes_per_s=1e9, latency_s=1e-6), calibration=cal)
+    env.run(net.transfer("r0", "r1", 1e6))
+    assert _close(env.now, 2e-6 + 1e-5 + 1e6 / 5e8)
+
+
+# -- max-min fairness against a from-scratch oracle --------------------------------------------
+
+
+def _water_filling(flows: list[tuple], cap: dict) -> list[float]:
+    """Reference max-min rates: raise all unfrozen flows together; freeze those on the first
+    saturated link; repeat (quadratic and simple, independent of the network's heap)."""
+    rate = [0.0] * len(flows)
+    frozen = [False] * len(flows)
+    used = dict.fromkeys(cap, 0.0)
+    while not all(frozen):
+        best, best_links = math.inf, []
+        for link, c in cap.items():
+            n = sum(1 for i, f in enumerate(flows) if not frozen[i] and link in f)
+            if n:
+                share = (c - used[link]) / n
+                if share < best * (1 - 1e-12):
+                    best, best_links = share, [link]
+                elif share <= best * (1 + 1e-12):
+                    best_links.append(link)
+        for i, f in enumerate(flows):
+            if not frozen[i] and any(link in f for link in best_links):
+                frozen[i], rate[i] = True, best
+                for link in f:
+                    used[link] += best
+    return rate
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), num_flows=st.integers(1, 24), oversub=st.sampled_from([1.0, 2.0, 3.0]))
+def test_rates_are_max_min_fair_capacities_respected_bytes_conserved(seed, num_flows, oversub):
+    rng = random.Random(seed)
+    overrides = {("r3", "leaf0"): {"bandwidth_bytes_per_s": 2.5e8}}
+    topo = leaf_spine(num_ranks=12, ranks_per_leaf=4, num_spines=2, bandwidth_bytes_per_s=1e9, latency_s=1e-6,
+                      oversubscription=oversub, link_overrides=overrides)  # fmt: skip
+    env = simpy.Environment()
+    net = Network(env, topo)
+    sizes = []
+    done = []
+
+    def sender(delay, src, dst, size):
+        yield env.timeout(delay)
+        size_got = yield net.transfer(src, dst, size)
+        done.append((size_got, size))
+
+    for _ in range(num_flows):
+        src, dst = rng.sample(topo.ranks, 2)
+        size = rng.uniform(1e3, 5e6)
+        sizes.append(size)
+        env.process(sender(rng.uniform(0, 5e-3), src, dst, size))
+    checks = 0
+    for t in sorted(rng.uniform(0, 2e-2) for _ in range(8)):
+        env.run(until=max(t, env.now + 1e-9))
+        env.run(until=env.now + 1e-12)  # let same-instant recomputations settle
+        flows = net.flows()
+        if not flows:
+            continue
+        cap = {}
+        for link, (load, c) in net.link_load().items():
+            assert load <= c * (1 + REL), f"link {link} over capacity: {load} > {c}"
+            cap[link] = c
+        expected = _water_filling([f.links for f in flows], cap)
+        for f, r in zip(flows, expected):
+            assert _close(f.rate_bytes_per_s, r, 1e-7), (f, r)
+        checks += 1
+    env.run()
+    assert net.num_active_flows == 0
+    assert len(done) == num_flows and all(a == b for a, b in done)
+    assert math.isclose(net.bytes_delivered, sum(sizes), rel_tol=1e-12)
+
+
+def test_deterministic():
+    def run_once():
+        rng = random.Random(7)
+        topo = leaf_spine(num_ranks=16, ranks_per_leaf=4, num_spines=2, bandwidth_bytes_per_s=1e9, latency_s=1e-6,
+                          oversubscription=2.0)  # fmt: skip
+        env = simpy.Environment()
+        net = Network(env, topo)
+        times = []
+        for _ in range(40):
+            src, dst = rng.sample(topo.ranks, 2)
+            ev = net.transfer(src, dst, rng.uniform(1e3, 1e6))
+            ev.callbacks.append(lambda e: times.append(env.now))
+        env.run()
+        return times
+
+    assert run_once() == run_once()
+
+
+def test_calibration_file_round_trip_and_strict_keys(tmp_path):
+    cal = Calibration(
+        link_classes={"nic": LinkCalibration(alpha_s=3e-5, effective_bandwidth_factor=0.94),
+                      "inter": LinkCalibration(effective_bandwidth_bytes_per_s=1e9)},
+        gamma_s_per_byte=2e-10,
+        source="unit test",
+    )  # fmt: skip
+    path = tmp_path / "cal.json"
+    cal.save(path)
+    assert Calibration.load(path) == cal
+    assert cal.capacity_bytes_per_s("inter", 5e10) == 1e9  # absolute effective bandwidth wins
+    assert cal.capacity_bytes_per_s("other", 5e10) == 5e10  # default: identity
+    assert cal.message_alpha_s(["other", "nic", "inter"]) == 3e-5  # the largest overhead, once
+    path.write_text('{"link_classes": {"nic": {"alpha": 1}}}')
+    with pytest.raises(ValueError, match=r"cal.json: link_classes.nic: unknown key 'alpha'"):
+        Calibration.load(path)
+    path.write_text('{"gamma": 1}')
+    with pytest.raises(ValueError, match="unknown key 'gamma'"):
+        Calibration.load(path)
+    path.write_text('{"default": {"alpha_s": "5 parsecs"}}')
+    with pytest.raises(ValueError, match=r"cal\.json: default: .*unknown unit"):
+        Calibration.load(path)
+    path.write_text('{"default": {"effective_bandwidth_factor": 0}}')
+    with pytest.raises(ValueError, match="effective_bandwidth_factor"):
+        Calibration.load(path)
+    with pytest.raises(ValueError, match="gamma_s_per_byte"):
+        Calibration(gamma_s_per_byte=-1.0)
