@@ -1,0 +1,456 @@
+"""The Synchronizer: importance-aware sparse gradient synchronization after backward.
+
+Use it instead of DDP's all-reduce (a plain module, no DDP wrapper)::
+
+    sync = Synchronizer(model, config=PolicyConfig(policy="importance"), plan=SyncPlan.load(path))
+    for batch in loader:
+        loss(model, batch).backward()        # local gradients (accumulate micro-batches freely)
+        metrics = sync.step()                # the accumulation boundary: sync, p.grad = average
+        optimizer.step(); optimizer.zero_grad(set_to_none=True)
+    sync.flush(); optimizer.step()           # send what the residuals still hold
+
+Per step every decision — which components send, how payloads are packed into buckets, sparse
+gather or dense all-reduce per bucket — comes from :func:`igpolicy.decide.decide_step`, the function
+the simulator calls. Per parameter: ``u = g + e`` (fp32); a sending parameter selects ``S`` from ``u``
+by magnitude (k = nominal k of its kind's density), ``e = u`` with ``S`` zeroed; a holding one keeps
+``e = u``. Each bucket is one collective: concatenated int32 indices (positions in the bucket) and
+values padded to the largest rank's count, or the zero-filled dense bucket; the pair counts of all
+sparse buckets travel first, in one int64 all-gather per step (8 metadata bytes per bucket). The synchronized gradient is the average over ranks; a
+parameter that sent nothing gets ``p.grad = None`` (``config.skip_unsent``; else zeros) so the
+optimizer skips it: no stale momentum, no weight decay.
+
+Values travel in fp32 (``value_bytes=4``) or bf16 (``value_bytes=2``; the rounding error stays in the
+residual). At start-up every rank all-gathers a fingerprint of plan, config, parameters and sparsifier
+and raises ValueError on every rank when they differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from igpolicy.config import PolicyConfig
+from igpolicy.decide import StepDecision, decide_step, nominal_k, payload_blocks, release_phases
+from igpolicy.packing import pack
+from igpolicy.plan import SyncPlan
+from igpolicy.vocab import CollectiveKind, ComponentId, ParamInfo, PayloadBlock, StepMetrics
+from igrt import comm
+from igrt.comm import aggregate_pairs, wire_dtypes
+from igrt.metrics import MetricsLog, PhaseTimer
+from igrt.residuals import ResidualState, send_param
+from igrt.sparsifiers import Sparsifier, make_sparsifier, sparsifier_state
+
+__all__ = [
+    "STATE_FORMAT",
+    "Synchronizer",
+    "build_param_infos",
+    "default_sparsifier",
+    "fingerprint_parts",
+    "named_parameters",
+]
+
+STATE_FORMAT = "igsync/1"
+_FP_LEN = 16
+
+
+# --------------------------------------------------------------------------- shared helpers
+def named_parameters(model_or_named: Any) -> list[tuple[str, torch.nn.Parameter]]:
+    """(name, parameter) pairs that require grad, from a module or an iterable of pairs."""
+    if isinstance(model_or_named, torch.nn.Module):
+        pairs = list(model_or_named.named_parameters())
+    else:
+        pairs = list(model_or_named)
+    out = [(str(n), p) for n, p in pairs if p.requires_grad]
+    names = [n for n, _ in out]
+    if len(set(names)) != len(names):
+        raise ValueError("Synchronizer: parameter names must be unique")
+    return out
+
+
+def build_param_infos(named: Sequence[tuple[str, torch.Tensor]]) -> list[ParamInfo]:
+    """ParamInfo per parameter via :func:`igpolicy.components.param_infos` (name → component)."""
+    from igpolicy.components import param_infos
+
+    return list(param_infos([(n, tuple(p.shape), str(p.dtype).removeprefix("torch.")) for n, p in named]))
+
+
+def default_sparsifier(config: PolicyConfig) -> Sparsifier:
+    """``config.sparsifier`` (``adtopk`` whenever the policy is ``adtopk``), seeded by ``config.seed``.
+
+    ``threshold`` needs its threshold: pass ``sparsifier=make_sparsifier("threshold", threshold=...)``.
+    """
+    name = "adtopk" if config.policy == "adtopk" else config.sparsifier
+    return make_sparsifier(name, seed=config.seed)
+
+
+def _digest(obj: Any) -> str:
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:_FP_LEN]
+
+
+def fingerprint_parts(
+    *, plan: SyncPlan | None, config: PolicyConfig, infos: Sequence[ParamInfo], sparsifier: Sparsifier
+) -> dict[str, str]:
+    """16-character digests that must agree on every rank (and between a checkpoint and a resume)."""
+    sp = {k: v for k, v in sparsifier_state(sparsifier).items() if k != "rank"}
+    return {
+        "plan": plan.fingerprint if plan is not None else "none",
+        "config": _digest(config.to_dict()),
+        "params": _digest([[i.name, list(i.shape), i.component] for i in infos]),
+        "sparsifier": _digest(sp),
+    }
+
+
+def _set_grad(p: torch.Tensor, flat: torch.Tensor | None, *, skip_unsent: bool) -> None:
+    if flat is None:
+        if skip_unsent:
+            p.grad = None
+        elif p.grad is None:
+            p.grad = torch.zeros_like(p)
+        else:
+            p.grad.zero_()
+        return
+    g = flat.view(p.shape)
+    if p.grad is not None and p.grad.shape == p.shape and p.grad.dtype == p.dtype:
+        p.grad.copy_(g)
+    else:
+        p.grad = g.to(p.dtype, copy=True)
+
+
+# --------------------------------------------------------------------------- the synchronizer
+class Synchronizer:
+    """Importance-aware sparse synchronization of one model's gradients over a process group.
+
+    ``param_infos`` overrides the name → component mapping (default:
+    :func:`igpolicy.components.param_infos`). ``track_sums`` keeps fp64 running sums for the
+    conservation check (tests, audits). ``sync_cuda_timing`` synchronizes the device at phase
+    boundaries so phase times are device times.
+    """
+
+    def __init__(
+        self,
+        model_or_named_params: Any,
+        *,
+        config: PolicyConfig,
+        plan: SyncPlan | None,
+        group: dist.ProcessGroup | None = None,
+        sparsifier: Sparsifier | None = None,
+        param_infos: Sequence[ParamInfo] | None = None,
+        track_sums: bool = False,
+        sync_cuda_timing: bool = True,
+    ) -> None:
+        named = named_parameters(model_or_named_params)
+        if not named:
+            raise ValueError("Synchronizer: the model has no parameters that require grad")
+        self.params: dict[str, torch.nn.Parameter] = dict(named)
+        infos = list(param_infos) if param_infos is not None else build_param_infos(named)
+        if [i.name for i in infos] != [n for n, _ in named] and sorted(i.name for i in infos) != sorted(
+            self.params
+        ):
+            raise ValueError("Synchronizer: param_infos do not name the model's trainable parameters")
+        self.infos = infos
+        self.config = config
+        self.plan = plan
+        self.group = group
+        self.world_size = comm.world_size(group)
+        self.rank = dist.get_rank(group) if self.world_size > 1 or dist.is_initialized() else 0
+        self.device = next(iter(self.params.values())).device
+        self.phases = release_phases(plan=plan, config=config, component_keys=[i.component for i in infos])
+        self.sparsifier = sparsifier if sparsifier is not None else default_sparsifier(config)
+        self.index_dtype, self.value_dtype = wire_dtypes(config)
+        self.residuals = ResidualState(track_sums=track_sums)
+        self.blocks: list[PayloadBlock] = payload_blocks(infos, config)
+        self.k: dict[str, int | None] = {
+            i.name: nominal_k(i.numel, config.density_for(ComponentId.from_key(i.component).kind.value))
+            if config.sparse
+            else None
+            for i in infos
+        }
+        self.component = {i.name: i.component for i in infos}
+        self.step_index = 0
+        self.log = MetricsLog()
+        self.sync_cuda_timing = sync_cuda_timing and self.device.type == "cuda"
+        self.fingerprint = fingerprint_parts(
+            plan=plan, config=config, infos=infos, sparsifier=self.sparsifier
+        )
+        self._check_agreement()
+
+    # ------------------------------------------------------------------ start-up
+    def _check_agreement(self) -> None:
+        """All-gather the fingerprint; raise ValueError on every rank naming what differs."""
+        comm.check_agreement(
+            self.fingerprint, group=self.group, device=self.device, who=f"Synchronizer (rank {self.rank})"
+        )
+
+    # ------------------------------------------------------------------ one step
+    def decide(self, step: int | None = None) -> StepDecision:
+        """The decision for ``step`` (default: the next one), as the simulator would take it."""
+        return decide_step(
+            step=self.step_index if step is None else step,
+            config=self.config,
+            params=self.infos,
+            world_size=self.world_size,
+            phases=self.phases,
+            blocks=self.blocks,
+        )
+
+    def step(self, *, compute_s: float = 0.0) -> StepMetrics:
+        """Synchronize the gradients in ``p.grad`` (call at the accumulation boundary, after backward).
+
+        ``compute_s`` (the caller's forward + backward seconds, if measured) is recorded as is; all
+        of this blocking step's communication is exposed.
+        """
+        t_start = time.perf_counter()
+        timer = PhaseTimer(sync_cuda=self.sync_cuda_timing)
+        counter = comm.CommCounter()
+        t = self.step_index
+        with timer.phase("decide"):
+            decision = self.decide(t)
+        sending = decision.sending_params
+        with timer.phase("hold"):
+            for name, p in self.params.items():
+                if name not in sending:
+                    self.residuals.hold(name, self.residuals.accumulate(name, p.grad, like=p))
+        param_bytes: dict[str, int] = {}
+        results = self._run_buckets(decision, t, timer, counter, param_bytes)
+        with timer.phase("scatter"):
+            for name, p in self.params.items():
+                _set_grad(p, results.get(name), skip_unsent=self.config.skip_unsent)
+        self.step_index += 1
+        low_bytes = sum(b for n, b in param_bytes.items() if self.phases[self.component[n]] is not None)
+        return self._record(t, decision, counter, timer, t_start, low_bytes=low_bytes, compute_s=compute_s)
+
+    def _run_buckets(
+        self,
+        decision: StepDecision,
+        t: int,
+        timer: PhaseTimer,
+        counter: comm.CommCounter,
+        param_bytes: dict[str, int],
+    ) -> dict[str, torch.Tensor]:
+        """Select, pack and communicate every decided bucket; {param name: averaged flat grad}."""
+        ib = torch.empty(0, dtype=self.index_dtype).element_size()
+        vb = torch.empty(0, dtype=self.value_dtype).element_size()
+        sparse_payloads, dense_payloads = [], []
+        for bucket in decision.buckets:
+            dense = bucket.collective == CollectiveKind.DENSE_ALLREDUCE
+            if not dense and bucket.numel >= 2**31 and self.index_dtype == torch.int32:
+                raise ValueError(
+                    f"bucket {bucket.index} holds {bucket.numel} elements, too many for int32 indices; "
+                    "set index_bytes=8 or a smaller bucket_cap_bytes"
+                )
+            offsets, idx_parts, val_parts, off = {}, [], [], 0
+            flat = torch.zeros(bucket.numel, dtype=self.value_dtype, device=self.device) if dense else None
+            for name in bucket.param_names:
+                p = self.params[name]
+                with timer.phase("select"):
+                    idx, vals = send_param(
+                        self.residuals,
+                        self.sparsifier,
+                        name=name,
+                        grad=p.grad,
+                        like=p,
+                        k=self.k[name],
+                        step=t,
+                        value_dtype=self.value_dtype,
+                    )
+                with timer.phase("pack"):
+                    n = p.numel()
+                    if dense:
+                        target = flat[off : off + n]
+                        target.copy_(vals) if idx is None else target.index_copy_(0, idx, vals)
+                        param_bytes[name] = n * vb
+                    else:
+                        if idx is None:
+                            idx = torch.arange(n, device=self.device)
+                        idx_parts.append((idx + off).to(self.index_dtype))
+                        val_parts.append(vals)
+                        param_bytes[name] = idx.numel() * (ib + vb)
+                offsets[name] = (off, n)
+                off += n
+            if dense:
+                dense_payloads.append((bucket, offsets, flat))
+            else:
+                with timer.phase("pack"):
+                    idx_cat = torch.cat(idx_parts) if idx_parts else torch.empty(0, dtype=self.index_dtype)
+                    val_cat = torch.cat(val_parts) if val_parts else torch.empty(0, dtype=self.value_dtype)
+                sparse_payloads.append((bucket, offsets, idx_cat, val_cat))
+        return self._communicate(sparse_payloads, dense_payloads, timer, counter)
+
+    def _communicate(self, sparse_payloads, dense_payloads, timer, counter) -> dict[str, torch.Tensor]:
+        results: dict[str, torch.Tensor] = {}
+        with timer.phase("comm"):
+            counts = comm.exchange_counts(
+                [idx.numel() for _, _, idx, _ in sparse_payloads],
+                group=self.group,
+                device=self.device,
+                counter=counter,
+            )
+            handles = []
+            for j, (_, _, idx, vals) in enumerate(sparse_payloads):
+                cap = max(row[j] for row in counts)
+                handles.append(
+                    comm.gather_pairs(
+                        idx, vals, capacity=cap, group=self.group, counter=counter, async_op=True
+                    )
+                )
+            works = [
+                comm.dense_all_reduce(flat, self.group, counter=counter, async_op=True)
+                for _, _, flat in dense_payloads
+            ]
+            gathered = [h.wait() for h in handles]
+            for w in works:
+                if w is not None:
+                    w.wait()
+        with timer.phase("scatter"):
+            for (bucket, offsets, _, _), pairs in zip(sparse_payloads, gathered):
+                acc = aggregate_pairs(pairs, numel=bucket.numel, device=self.device)
+                for name, (off, n) in offsets.items():
+                    results[name] = acc[off : off + n]
+            for _bucket, offsets, flat in dense_payloads:
+                acc = flat.to(torch.float32).div_(self.world_size)
+                for name, (off, n) in offsets.items():
+                    results[name] = acc[off : off + n]
+        counter.comm_s = timer.get("comm")
+        return results
+
+    def _record(
+        self,
+        t: int,
+        decision: StepDecision | None,
+        counter: comm.CommCounter,
+        timer: PhaseTimer,
+        t_start: float,
+        *,
+        low_bytes: int,
+        compute_s: float = 0.0,
+        extra: Mapping[str, float] | None = None,
+    ) -> StepMetrics:
+        sync_s = time.perf_counter() - t_start
+        x = timer.as_extra()
+        x["sync_s"] = sync_s
+        x["padding_bytes"] = float(counter.padding_bytes)
+        x.update(extra or {})
+        row = StepMetrics(
+            step=t,
+            rank=self.rank,
+            source="real",
+            policy=self.config.policy,
+            values_bytes=counter.values_bytes,
+            indices_bytes=counter.indices_bytes,
+            dense_bytes=counter.dense_bytes,
+            metadata_bytes=counter.metadata_bytes,
+            num_collectives=counter.num_collectives,
+            num_sending_components=len(decision.release.send) if decision is not None else 0,
+            low_bytes=low_bytes,
+            compute_s=float(compute_s),
+            comm_s=counter.comm_s,
+            exposed_comm_s=counter.comm_s,  # blocking after backward: all of it is exposed
+            step_s=float(compute_s) + sync_s,  # compute (when given) then this blocking sync
+            bucket_imbalance=decision.packing.imbalance if decision is not None else 1.0,
+            residual_norm=self.residuals.total_norm(),
+            extra=x,
+        )
+        self.log.append(row)
+        return row
+
+    # ------------------------------------------------------------------ flush
+    def flush(self) -> StepMetrics:
+        """Send every residual (fp32, dense all-reduce per bucket); ``p.grad`` = the rank average.
+
+        Call after the last :meth:`step` and its optimizer step, then step the optimizer once more.
+        Whatever ``p.grad`` held is overwritten; parameters whose average is all zero get
+        ``grad = None`` under ``skip_unsent``. Residuals are zero afterwards (Σg == Σsent). Does not
+        advance the step counter. Every rank must call it.
+        """
+        t_start = time.perf_counter()
+        timer = PhaseTimer(sync_cuda=self.sync_cuda_timing)
+        counter = comm.CommCounter()
+        blocks = [
+            PayloadBlock(name=i.name, component=i.component, size_bytes=4 * i.numel, order=i.order)
+            for i in self.infos
+        ]
+        packing = pack(blocks, method=self.config.packing, bucket_cap_bytes=self.config.bucket_cap_bytes)
+        results: dict[str, torch.Tensor | None] = {}
+        for bucket in packing.buckets:
+            names = bucket.block_names
+            with timer.phase("pack"):
+                parts = [
+                    send_param(
+                        self.residuals,
+                        None,
+                        name=n,
+                        grad=None,
+                        like=self.params[n],
+                        k=None,
+                        step=self.step_index,
+                        value_dtype=torch.float32,
+                    )[1]
+                    for n in names
+                ]
+                flat = torch.cat(parts) if parts else torch.empty(0, device=self.device)
+            with timer.phase("comm"):
+                comm.dense_all_reduce(flat, self.group, counter=counter)
+            flat.div_(self.world_size)
+            off = 0
+            for n in names:
+                size = self.params[n].numel()
+                piece = flat[off : off + size]
+                results[n] = piece if bool(torch.any(piece != 0)) or not self.config.skip_unsent else None
+                off += size
+        with timer.phase("scatter"):
+            for name, p in self.params.items():
+                _set_grad(p, results.get(name), skip_unsent=self.config.skip_unsent)
+        counter.comm_s = timer.get("comm")
+        return self._record(self.step_index, None, counter, timer, t_start, low_bytes=0, extra={"flush": 1.0})
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Residuals (CPU), step, world size, rank, fingerprints and the sparsifier's seed state."""
+        return {
+            "format": STATE_FORMAT,
+            "step": self.step_index,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "fingerprint": dict(self.fingerprint),
+            "config": self.config.to_dict(),
+            "sparsifier": sparsifier_state(self.sparsifier),
+            "flushed": self.residuals.is_zero(),
+            "residuals": self.residuals.state_dict(),
+        }
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; ValueError naming any mismatch (plan, config, params, world size)."""
+        if not isinstance(sd, Mapping) or sd.get("format") != STATE_FORMAT:
+            raise ValueError(
+                f"sync state: not a {STATE_FORMAT} state (format={sd.get('format') if isinstance(sd, Mapping) else None!r})"
+            )
+        saved = sd["fingerprint"]
+        diffs = [
+            f"{k}: saved {saved.get(k)!r}, now {v!r}"
+            for k, v in self.fingerprint.items()
+            if saved.get(k) != v
+        ]
+        if diffs:
+            raise ValueError("sync state does not match this run: " + "; ".join(diffs))
+        if sd["world_size"] != self.world_size:
+            if not sd["flushed"]:
+                raise ValueError(
+                    f"sync state was saved at world size {sd['world_size']} with unflushed residuals; "
+                    f"resuming at world size {self.world_size} needs a flush() before the checkpoint"
+                )
+        elif sd["rank"] != self.rank:
+            raise ValueError(f"sync state of rank {sd['rank']} loaded on rank {self.rank}")
+        self.residuals.load_state_dict(sd["residuals"], device=self.device)
+        if sd["world_size"] != self.world_size:
+            self.residuals.zero_()
+        self.step_index = int(sd["step"])
+
+    def parameters(self) -> Iterable[tuple[str, torch.nn.Parameter]]:
+        return self.params.items()
