@@ -26,7 +26,9 @@ def spec_from_args(args: argparse.Namespace) -> testbed.TestbedSpec:
         two_level=args.two_level,
         uplink_rate_bytes_per_s=parse_bandwidth(args.uplink_rate) if args.uplink_rate else None,
         slow_rank=args.ranks - 1 if args.hetero else None,
-        slow_rate_bytes_per_s=(parse_bandwidth(args.slow_rate) if args.slow_rate else rate / 4) if args.hetero else None,
+        slow_rate_bytes_per_s=(parse_bandwidth(args.slow_rate) if args.slow_rate else rate / 4)
+        if args.hetero
+        else None,
     )
 
 
@@ -41,10 +43,15 @@ def run(args: argparse.Namespace) -> int:
         else:
             spec = spec_from_args(args)
             testbed.setup(spec)
-            print(f"testbed up: {spec.num_ranks} ranks at {format_bandwidth(spec.rate_bytes_per_s)} each way"
-                  + (f", two-level uplink {format_bandwidth(spec.uplink_rate)}" if spec.two_level else "")
-                  + (f", rank {spec.slow_rank} at {format_bandwidth(spec.rank_rate(spec.slow_rank))}"
-                     if spec.slow_rank is not None else ""))
+            print(
+                f"testbed up: {spec.num_ranks} ranks at {format_bandwidth(spec.rate_bytes_per_s)} each way"
+                + (f", two-level uplink {format_bandwidth(spec.uplink_rate)}" if spec.two_level else "")
+                + (
+                    f", rank {spec.slow_rank} at {format_bandwidth(spec.rank_rate(spec.slow_rank))}"
+                    if spec.slow_rank is not None
+                    else ""
+                )
+            )
             for r in range(spec.num_ranks):
                 print(f"  rank {r}: namespace {spec.rank_ns(r)}  address {spec.rank_addr(r)}")
             print("tear down with: igrt testbed down")

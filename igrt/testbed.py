@@ -103,8 +103,24 @@ def _tbf(ns: str, dev: str, rate_bytes_per_s: float, mtu: int) -> None:
     """Shape ``dev``'s egress to ``rate``: burst of max(2 MTU, 2 ms of traffic), 100 ms queue."""
     rate_bit = max(int(rate_bytes_per_s * 8), 8000)
     burst = max(2 * (mtu + 14), int(rate_bytes_per_s * 0.002))
-    _run(_ns(ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
-             "rate", f"{rate_bit}bit", "burst", str(burst), "latency", "100ms"))
+    _run(
+        _ns(
+            ns,
+            "tc",
+            "qdisc",
+            "replace",
+            "dev",
+            dev,
+            "root",
+            "tbf",
+            "rate",
+            f"{rate_bit}bit",
+            "burst",
+            str(burst),
+            "latency",
+            "100ms",
+        )
+    )
 
 
 def leftovers() -> list[str]:
@@ -160,8 +176,22 @@ def setup(spec: TestbedSpec) -> None:
             ns, port = spec.rank_ns(r), f"p{r}"
             _run(["ip", "netns", "add", ns])
             _run(_ns(ns, "ip", "link", "set", "lo", "up"))
-            _run(_ns(SWITCH_NS, "ip", "link", "add", port, "type", "veth", "peer", "name", RANK_IFNAME,
-                     "netns", ns))
+            _run(
+                _ns(
+                    SWITCH_NS,
+                    "ip",
+                    "link",
+                    "add",
+                    port,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    RANK_IFNAME,
+                    "netns",
+                    ns,
+                )
+            )
             _run(_ns(SWITCH_NS, "ip", "link", "set", port, "master", spec.bridge_of(r)))
             _run(_ns(SWITCH_NS, "ip", "link", "set", port, "up"))
             _run(_ns(ns, "ip", "addr", "add", f"{spec.rank_addr(r)}/24", "dev", RANK_IFNAME))

@@ -46,11 +46,18 @@ s.sendall(b"x" * int(sys.argv[2])); s.close()
 
 
 def _goodput_bytes_per_s(spec: testbed.TestbedSpec, src: int, dst: int, size: int) -> float:
-    server = subprocess.Popen([*testbed.exec_args(spec, dst), sys.executable, "-c", SERVER, spec.rank_addr(dst)],
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [*testbed.exec_args(spec, dst), sys.executable, "-c", SERVER, spec.rank_addr(dst)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(0.2)
-    client = subprocess.run([*testbed.exec_args(spec, src), sys.executable, "-c", CLIENT, spec.rank_addr(dst),
-                             str(size)], capture_output=True, text=True, timeout=60)
+    client = subprocess.run(
+        [*testbed.exec_args(spec, src), sys.executable, "-c", CLIENT, spec.rank_addr(dst), str(size)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert client.returncode == 0, client.stderr
     n, t = server.communicate(timeout=60)[0].split()
     assert int(n) == size
@@ -69,7 +76,9 @@ def test_shaped_link_rate_and_teardown():
 
 
 def test_hetero_slow_nic_and_crash_cleanup():
-    spec = testbed.TestbedSpec(num_ranks=3, rate_bytes_per_s=80e6 / 8, slow_rank=2, slow_rate_bytes_per_s=20e6 / 8)
+    spec = testbed.TestbedSpec(
+        num_ranks=3, rate_bytes_per_s=80e6 / 8, slow_rank=2, slow_rate_bytes_per_s=20e6 / 8
+    )
     testbed.setup(spec)  # simulate a crash: never torn down by this "run"
     slow = _goodput_bytes_per_s(spec, 0, 2, 2**20)
     assert slow < 1.05 * 20e6 / 8
