@@ -1,0 +1,168 @@
+"""``igsim profile TRACE -o plan.json``: score a recorded trace's components and write a SyncPlan.
+
+Pipeline: read the trace (optionally a step window) -> per-parameter series, means over ranks
+(sel_norm, overlap, k, grad_norm) -> per-component statistics -> importance scores -> adaptive
+threshold -> plan. A component's expected bytes per release are its nominal k pairs (at the trace's
+density) times 8 bytes (int32 index + fp32 value).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from igpolicy.decide import nominal_k
+from igpolicy.plan import SyncPlan
+from igpolicy.units import format_bytes
+from igpolicy.vocab import ComponentClass
+
+__all__ = ["add_arguments", "parse_window", "profile_trace", "run"]
+
+METHODS = ("knee", "otsu", "gmm", "kmeans2", "percentile", "fixed_ratio")
+PAIR_BYTES = 8  # int32 index + fp32 value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", help="trace directory (manifest.json + Parquet parts)")
+    p.add_argument("-o", "--output", required=True, help="where to write the SyncPlan JSON")
+    p.add_argument("--method", default="knee", choices=METHODS, help="threshold method (default knee)")
+    p.add_argument(
+        "--method-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="threshold parameter, e.g. q=75 for percentile or ratio=0.3 for fixed_ratio (repeatable)",
+    )
+    p.add_argument("--release-period", type=int, default=4, help="R: low components release every R steps")
+    p.add_argument("--window", default=None, metavar="A:B", help="profile recorded steps A <= step < B only")
+    p.add_argument("--quiet", action="store_true", help="print only the summary line")
+
+
+def parse_window(text: str | None) -> tuple[int, int] | None:
+    """``"a:b"`` -> (a, b) with 0 <= a < b; None stays None. Raises ValueError naming the text."""
+    if text is None:
+        return None
+    parts = text.split(":")
+    try:
+        a, b = (int(x) for x in parts)
+    except ValueError:
+        raise ValueError(f"--window {text!r}: expected A:B with integer steps, e.g. 10:200") from None
+    if not (0 <= a < b):
+        raise ValueError(f"--window {text!r}: need 0 <= A < B")
+    return a, b
+
+
+def _method_params(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--method-param {item!r}: expected KEY=VALUE")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            try:
+                out[key] = float(value)
+            except ValueError:
+                out[key] = value
+    return out
+
+
+def profile_trace(
+    trace_dir: str | Path,
+    *,
+    method: str = "knee",
+    method_params: dict[str, Any] | None = None,
+    release_period: int = 4,
+    window: tuple[int, int] | None = None,
+):
+    """Profile ``trace_dir``; returns (SyncPlan, ImportanceScores, ThresholdResult)."""
+    from igpolicy.importance import component_stats_from_params
+    from igpolicy.profile import profile
+    from traces.reader import read_trace
+
+    if release_period < 1:
+        raise ValueError(f"--release-period {release_period}: must be >= 1")
+    trace = read_trace(trace_dir, steps=window)
+    if trace.num_steps == 0:
+        raise ValueError(
+            f"{trace_dir}: no recorded steps" + (f" in window {window[0]}:{window[1]}" if window else "")
+        )
+    manifest = trace.manifest
+    series = {c: trace.per_param_series(c) for c in ("sel_norm", "overlap", "k", "grad_norm")}
+    present = [p for p in sorted(manifest.params, key=lambda p: p.order) if p.name in series["k"]]
+    if not present:
+        raise ValueError(f"{trace_dir}: the trace has no parameter rows")
+    names = [p.name for p in present]
+    stats = component_stats_from_params(
+        param_component={p.name: p.component for p in present},
+        param_numel={p.name: p.numel for p in present},
+        sel_norm={n: series["sel_norm"][n] for n in names},
+        overlap={n: series["overlap"][n] for n in names},
+        k={n: series["k"][n] for n in names},
+        grad_norm={n: series["grad_norm"][n] for n in names},
+    )
+    expected: dict[str, int] = {}
+    for p in present:
+        expected[p.component] = (
+            expected.get(p.component, 0) + nominal_k(p.numel, manifest.density) * PAIR_BYTES
+        )
+    return profile(
+        stats=stats,
+        expected_bytes=expected,
+        release_period=int(release_period),
+        method=method,
+        method_params=method_params or None,
+        source={
+            "trace": str(trace_dir),
+            "workload": manifest.workload,
+            "sparsifier": manifest.sparsifier,
+            "density": manifest.density,
+            "world_size": manifest.world_size,
+            "window": list(window) if window else None,
+            "num_steps": trace.num_steps,
+        },
+    )
+
+
+def format_plan_table(plan: SyncPlan, scores: Any) -> str:
+    """Components, highest score first: class, phase, score, its parts and bytes per release."""
+    rows = {r["key"]: r for r in scores.table()}
+    by_key = plan.by_key
+    lines = [
+        f"{'component':32s} {'class':9s} {'phase':>5s} {'score':>6s} {'magn':>6s} {'consist':>7s} {'bytes/release':>13s}"
+    ]
+    for key, r in rows.items():
+        c = by_key[key]
+        phase = "-" if c.phase is None else str(c.phase)
+        lines.append(
+            f"{key:32s} {c.cls.value:9s} {phase:>5s} {r['score']:6.3f} {r['magnitude']:6.3f} "
+            f"{r['consistency']:7.3f} {format_bytes(c.expected_bytes):>13s}"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    window = parse_window(args.window)
+    plan, scores, result = profile_trace(
+        args.trace,
+        method=args.method,
+        method_params=_method_params(args.method_param),
+        release_period=args.release_period,
+        window=window,
+    )
+    if not args.quiet:
+        print(format_plan_table(plan, scores))
+    n_imp = sum(1 for c in plan.components if c.cls == ComponentClass.IMPORTANT)
+    n_pin = sum(1 for c in plan.components if c.cls == ComponentClass.PINNED)
+    low_bytes = sum(c.expected_bytes for c in plan.components if c.cls == ComponentClass.LOW)
+    all_bytes = sum(c.expected_bytes for c in plan.components)
+    print(
+        f"threshold {result.method} = {result.threshold:.4f}: {n_imp} important, {n_pin} pinned, "
+        f"{len(plan.low)} low of {len(plan.components)} components; low share of bytes "
+        f"{low_bytes / max(all_bytes, 1):.1%}; release period {plan.release_period}"
+    )
+    path = plan.save(args.output)
+    print(f"wrote {path} (fingerprint {plan.fingerprint})")
+    return 0
