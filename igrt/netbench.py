@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from igrt.comm import sparse_all_gather
 
-__all__ = ["OPS", "run_cases", "time_case"]
+__all__ = ["OPS", "run_cases", "time_case", "warm_up"]
 
 OPS = ("p2p", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "sparse_all_gather")
 
@@ -98,8 +98,25 @@ def time_case(case: Mapping[str, Any], *, reps: int, warmup: int) -> list[float]
     return times
 
 
+def warm_up(size_bytes: int = 256 * 1024) -> None:
+    """Move some traffic over every connection, both ways, before anything is timed (the first
+    messages on a fresh connection pay for TCP slow start and lazy set-up)."""
+    buf = torch.ones(max(size_bytes // 4, 1))
+    p = dist.get_world_size()
+    chunk = max(buf.numel() // p, 1)
+    outs = [torch.empty(chunk) for _ in range(p)]
+    for _ in range(2):
+        dist.all_reduce(buf)
+        dist.all_gather(outs, buf[:chunk].clone())
+    dist.barrier()
+
+
 def run_cases(cases: Sequence[Mapping[str, Any]], *, reps: int = 5, warmup: int = 1) -> list[dict[str, Any]]:
-    """Time every case; returns one record per case with times, median and spread (seconds)."""
+    """Time every case; returns one record per case with times, median and spread (seconds).
+
+    Runs :func:`warm_up` first when ``warmup`` > 0."""
+    if warmup > 0:
+        warm_up()
     out = []
     for case in cases:
         times = time_case(case, reps=reps, warmup=warmup)
@@ -133,8 +150,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if dist.get_rank() == 0:
             tmp = args.out + ".tmp"
             with open(tmp, "w") as f:
-                json.dump({"world_size": dist.get_world_size(), "host": os.uname().nodename, "results": results},
-                          f, indent=1)
+                json.dump(
+                    {"world_size": dist.get_world_size(), "host": os.uname().nodename, "results": results},
+                    f,
+                    indent=1,
+                )
             os.replace(tmp, args.out)
     finally:
         dist.destroy_process_group()

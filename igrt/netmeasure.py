@@ -49,13 +49,34 @@ def measure(
                 env = {**os.environ, **testbed.rank_env(spec, r, port=port)}
                 prefix = testbed.exec_args(spec, r)
             else:
-                env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
-                       "WORLD_SIZE": str(p), "OMP_NUM_THREADS": "1"}
+                env = {
+                    **os.environ,
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                    "RANK": str(r),
+                    "WORLD_SIZE": str(p),
+                    "OMP_NUM_THREADS": "1",
+                }
                 prefix = []
-            cmd = [*prefix, sys.executable, "-m", "igrt.netbench", "--cases", str(cases_path),
-                   "--out", str(out_path), "--reps", str(reps), "--warmup", str(warmup),
-                   "--timeout-s", str(timeout_s)]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            cmd = [
+                *prefix,
+                sys.executable,
+                "-m",
+                "igrt.netbench",
+                "--cases",
+                str(cases_path),
+                "--out",
+                str(out_path),
+                "--reps",
+                str(reps),
+                "--warmup",
+                str(warmup),
+                "--timeout-s",
+                str(timeout_s),
+            ]
+            procs.append(
+                subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            )
         deadline = time.monotonic() + timeout_s
         failed = []
         for r, proc in enumerate(procs):

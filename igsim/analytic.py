@@ -346,21 +346,21 @@ def allgatherv_bound_s(
 
 
 def ring_allgatherv_s(*, sizes_bytes: Sequence[float], alpha_s: float, bandwidth_bytes_per_s: float) -> float:
-    """Exact time of the ring all-gatherv: in step t rank i forwards block (i - t) mod p to i + 1
-    once it has sent step t-1 and received block (i - t) in step t-1:
+    """Exact time of the ring all-gatherv: (p-1)(α + max_j s_j / B), the padded ring's time.
 
-    T(i, t) = max(T(i, t-1), T(i-1, t-1)) + α + s_{(i-t) mod p} / B, answer max_i T(i, p-2).
+    In step t rank i forwards block (i - t) mod p to i + 1 once it has sent step t-1 and received
+    block (i - t) in step t-1, so its finish time obeys
 
-    With unequal sizes a large block delays every rank it passes, so this exceeds
-    :func:`allgatherv_bound_s`."""
+    T(i, t) = max(T(i, t-1), T(i-1, t-1)) + α + s_{(i-t) mod p} / B,  answer max_i T(i, p-2).
+
+    Unrolled, T(i, t) is the heaviest chain of t+1 forwards ending at (i, t), each weighing
+    α + s/B of the block it carries. Every chain has p-1 links at most, so no chain outweighs
+    (p-1)(α + max s / B), and the largest block's own p-1 hops around the ring form such a chain.
+    With unequal sizes the ring therefore takes as long as padding every payload to the largest
+    (it sends fewer bytes, not less time), which exceeds :func:`allgatherv_bound_s`. O(p)."""
     s = _sizes(sizes_bytes, bandwidth_bytes_per_s)
     p = s.size
-    finish = np.zeros(p)
-    idx = np.arange(p)
-    for t in range(p - 1):
-        ready = finish if t == 0 else np.maximum(finish, np.roll(finish, 1))
-        finish = ready + alpha_s + s[(idx - t) % p] / bandwidth_bytes_per_s
-    return float(finish.max()) if p > 1 else 0.0
+    return (p - 1) * (alpha_s + float(s.max()) / bandwidth_bytes_per_s) if p > 1 else 0.0
 
 
 def padded_sparse_all_gather_s(

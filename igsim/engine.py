@@ -33,16 +33,17 @@ simulated density, else nominal. See docs/simulator.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
 from igpolicy.config import PolicyConfig
-from igpolicy.decide import StepDecision, decide_step, nominal_k, release_phases
+from igpolicy.decide import nominal_k, release_phases
 from igpolicy.plan import SyncPlan
-from igpolicy.vocab import CollectiveKind, ComponentId, ParamInfo, StepMetrics
+from igpolicy.vocab import ComponentId, ParamInfo, StepMetrics
+from igsim.costs import CostCache
+from igsim.decisions import Decider, StepLayout
 from igsim.results import SPAN_KINDS, SimResult
 from igsim.workload import Jitter, Workload
 
@@ -80,7 +81,8 @@ def simulate(
     simulation otherwise). ``jitter`` makes ranks differ (seeded by ``seed`` and ``jitter.seed``);
     without it one representative rank is simulated. ``label`` names the policy in the result
     (default: ``config.policy``). ``exact_costs=True`` evaluates every distinct collective size
-    exactly (see ``_CostCache`` for the verified affine shortcut used otherwise with closed forms).
+    exactly (see :class:`igsim.costs.CostCache` for the verified affine shortcut used otherwise
+    with closed forms).
     Deterministic: the same arguments give identical rows.
 
     Raises ValueError for ``num_steps < 1``, an unknown mode, or a plan that does not cover the
@@ -96,8 +98,8 @@ def simulate(
     params = workload.params
     phases = release_phases(plan=plan, config=config, component_keys=[p.component for p in params])
     k_matrix, k_source = _k_matrix(workload, config)
-    decider = _Decider(config=config, params=params, world_size=world_size, phases=phases)
-    costs = _CostCache(
+    decider = Decider(config=config, params=params, world_size=world_size, phases=phases)
+    costs = CostCache(
         topology=topology,
         calibration=calibration,
         mode=mode,
@@ -223,10 +225,10 @@ def encoded_pairs_bytes(capacity: int, *, index_bytes: int, value_bytes: int) ->
 
 def _run_stream(
     *,
-    layout: _Layout,
+    layout: StepLayout,
     ready_s: np.ndarray,
     bucket_k: np.ndarray,
-    costs: _CostCache,
+    costs: CostCache,
     config: PolicyConfig,
     after_backward: bool,
     step: int,
@@ -329,225 +331,6 @@ def _k_matrix(workload: Workload, config: PolicyConfig) -> tuple[np.ndarray, str
     return np.broadcast_to(nominal.astype(np.int64), (workload.num_recorded_steps, len(numel))), "nominal"
 
 
-# --------------------------------------------------------------------------- decisions
-@dataclass(frozen=True, kw_only=True, eq=False)
-class _Layout:
-    """One step decision turned into index arrays over the workload's parameters."""
-
-    index: tuple[int, ...]  # bucket indices in launch order
-    members: np.ndarray  # parameter indices of all buckets, concatenated
-    offsets: np.ndarray  # start of each bucket in ``members``
-    sizes: np.ndarray  # parameters per bucket
-    sparse: tuple[bool, ...]
-    numel: np.ndarray
-    nominal_nnz: np.ndarray  # decide_step's nominal pairs per bucket (the padded capacity)
-    low_sparse: np.ndarray  # low-importance parameters travelling sparse
-    low_dense_numel: int  # elements of low-importance parameters travelling dense
-    num_sending_components: int
-    imbalance: float
-    sending_params: frozenset[str]
-
-    @property
-    def num_buckets(self) -> int:
-        return len(self.index)
-
-    def reduce(self, ready: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(latest ready time, summed k) per bucket."""
-        n = self.num_buckets
-        if n == 0:
-            return np.zeros(0), np.zeros(0, dtype=np.int64)
-        if np.all(self.sizes > 0):
-            r = np.maximum.reduceat(ready[self.members], self.offsets)
-            kk = np.add.reduceat(k[self.members], self.offsets)
-            return r, kk
-        r, kk = np.zeros(n), np.zeros(n, dtype=np.int64)
-        for j in range(n):
-            m = self.members[self.offsets[j] : self.offsets[j] + self.sizes[j]]
-            if len(m):
-                r[j], kk[j] = ready[m].max(), k[m].sum()
-        return r, kk
-
-    def low_bytes(self, k: np.ndarray, *, index_bytes: int, value_bytes: int) -> int:
-        return (
-            int(k[self.low_sparse].sum()) * (index_bytes + value_bytes) + self.low_dense_numel * value_bytes
-        )
-
-
-class _Decider:
-    """decide_step for every step, turned into layouts.
-
-    Every release schedule in igpolicy is periodic with the release period and decisions use nominal
-    sizes, so decide_step is called for steps 0 .. 2R-1 only; the second period is checked against
-    the first (a loud error if a schedule ever stops being periodic) and later steps reuse them.
-    """
-
-    def __init__(
-        self,
-        *,
-        config: PolicyConfig,
-        params: Sequence[ParamInfo],
-        world_size: int,
-        phases: dict[str, int | None],
-    ) -> None:
-        self.config, self.params, self.world_size, self.phases = config, tuple(params), world_size, phases
-        self.period = int(config.release_period)
-        self.index_of = {p.name: i for i, p in enumerate(self.params)}
-        self.numel = np.array([p.numel for p in self.params], dtype=np.int64)
-        self.low = np.array([phases[p.component] is not None for p in self.params], dtype=bool)
-        self._cache: dict[int, _Layout] = {}
-
-    def decision(self, step: int) -> StepDecision:
-        return decide_step(
-            step=step, config=self.config, params=self.params, world_size=self.world_size, phases=self.phases
-        )
-
-    def layout(self, step: int) -> _Layout:
-        slot = step % self.period
-        if step < self.period:
-            self._cache[slot] = self._to_layout(self.decision(step))
-        elif step < 2 * self.period:
-            again = self._to_layout(self.decision(step))
-            if _layout_key(again) != _layout_key(self._cache[slot]):
-                raise AssertionError(f"decide_step is not periodic in release_period at step {step}")
-        return self._cache[slot]
-
-    def _to_layout(self, dec: StepDecision) -> _Layout:
-        members: list[int] = []
-        offsets, sizes, sparse, numel, nominal, index = [], [], [], [], [], []
-        low_sparse: list[int] = []
-        low_dense_numel = 0
-        for bucket in dec.buckets:
-            idx = [self.index_of[n] for n in bucket.param_names]
-            offsets.append(len(members))
-            sizes.append(len(idx))
-            members.extend(idx)
-            is_sparse = bucket.collective == CollectiveKind.SPARSE_GATHER
-            sparse.append(is_sparse)
-            numel.append(bucket.numel)
-            nominal.append(bucket.nominal_nnz)
-            index.append(bucket.index)
-            low_idx = [i for i in idx if self.low[i]]
-            if is_sparse:
-                low_sparse.extend(low_idx)
-            else:
-                low_dense_numel += int(self.numel[low_idx].sum()) if low_idx else 0
-        components = {p.component for p in self.params}
-        return _Layout(
-            index=tuple(index),
-            members=np.asarray(members, dtype=np.int64),
-            offsets=np.asarray(offsets, dtype=np.int64),
-            sizes=np.asarray(sizes, dtype=np.int64),
-            sparse=tuple(sparse),
-            numel=np.asarray(numel, dtype=np.int64),
-            nominal_nnz=np.asarray(nominal, dtype=np.int64),
-            low_sparse=np.asarray(low_sparse, dtype=np.int64),
-            low_dense_numel=low_dense_numel,
-            num_sending_components=len(dec.release.send & components),
-            imbalance=float(dec.packing.imbalance),
-            sending_params=dec.sending_params,
-        )
-
-
-def _layout_key(layout: _Layout) -> tuple:
-    return (layout.index, layout.members.tobytes(), layout.offsets.tobytes(), layout.sparse)
-
-
-# --------------------------------------------------------------------------- costs
-class _CostCache:
-    """Collective times in seconds, cached by (op, bytes per rank).
-
-    With ``affine`` (closed-form costing: ``mode="analytic"``, or ``auto`` on a uniform star), the
-    time of each op is checked to be affine in its size: the first two sizes define a line, the next
-    three exact evaluations must lie on it to 1e-9 relative, and only then are further sizes read
-    off the line. Any miss turns the shortcut off for that op. Per-step sizes from a trace then cost
-    one line evaluation instead of one closed form over every rank.
-    """
-
-    _CHECKS = 3
-
-    def __init__(
-        self,
-        *,
-        topology: Any,
-        calibration: Any,
-        mode: str,
-        world_size: int,
-        dense_algorithm: str,
-        sparse_algorithm: str,
-        affine: bool,
-    ) -> None:
-        self.topology, self.calibration, self.mode = topology, calibration, mode
-        self.world_size = world_size
-        self.dense_algorithm, self.sparse_algorithm = dense_algorithm, sparse_algorithm
-        self.affine = affine
-        self._cache: dict[tuple[str, int], float] = {}
-        self._points: dict[str, list[tuple[int, float]]] = {}
-        self._line: dict[str, tuple[float, float]] = {}  # op -> (intercept, slope)
-        self._broken: set[str] = set()
-        self.num_evaluations = 0
-
-    def _predict(self, op: str, size: int) -> float:
-        if self.world_size == 1:
-            return 0.0
-        from igsim.collectives import CollectiveSpec, predict_collective
-
-        p = self.world_size
-        if op == "dense":
-            spec = CollectiveSpec(op="all_reduce", algorithm=self.dense_algorithm, size_bytes=size)
-        elif op == "sparse":
-            spec = CollectiveSpec(
-                op="sparse_all_gather",
-                algorithm=self.sparse_algorithm,
-                size_bytes=size,
-                sizes_bytes=(size,) * p,
-            )
-        else:  # the count exchange: every rank contributes ``size`` bytes of int64 counts
-            spec = CollectiveSpec(op="all_gather", algorithm="ring", size_bytes=size * p)
-        self.num_evaluations += 1
-        return float(
-            predict_collective(spec, self.topology, calibration=self.calibration, mode=self.mode).time_s
-        )
-
-    def _get(self, op: str, size: int) -> float:
-        key = (op, size)
-        t = self._cache.get(key)
-        if t is not None:
-            return t
-        learning = self.affine and op not in self._broken
-        if learning and len(self._points.get(op, ())) >= 2 + self._CHECKS:
-            intercept, slope = self._line[op]
-            t = intercept + slope * size
-        else:
-            t = self._predict(op, size)
-            if learning:
-                self._learn(op, size, t)
-        self._cache[key] = t
-        return t
-
-    def _learn(self, op: str, size: int, t: float) -> None:
-        pts = self._points.setdefault(op, [])
-        pts.append((size, t))
-        if len(pts) == 2:
-            (s0, t0), (s1, t1) = pts
-            slope = (t1 - t0) / (s1 - s0)
-            self._line[op] = (t0 - slope * s0, slope)
-        elif len(pts) > 2:
-            intercept, slope = self._line[op]
-            if abs(intercept + slope * size - t) > 1e-9 * max(abs(t), 1e-12):
-                self._broken.add(op)  # not affine: exact evaluations from now on
-
-    def dense(self, size_bytes: int) -> float:
-        return self._get("dense", int(size_bytes))
-
-    def sparse(self, size_bytes: int) -> float:
-        return self._get("sparse", int(size_bytes))
-
-    def metadata(self, num_counts: int) -> float:
-        """The count exchange: an all-gather of ``num_counts`` int64 per rank."""
-        return self._get("metadata", 8 * int(num_counts))
-
-
-# --------------------------------------------------------------------------- rows
 # every numeric StepMetrics field, as a column ("extra" and the string fields are not stored)
 _ROW_DTYPES: dict[str, Any] = {
     f.name: np.int64 if f.type == "int" else np.float64

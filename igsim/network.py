@@ -40,22 +40,57 @@ from igsim.topology import Topology
 
 __all__ = ["FlowInfo", "Network"]
 
-# Runs after every NORMAL (1) and URGENT (0) event scheduled for the same instant.
-_LATE = 2
+_NORMAL = 1  # simpy's priority of a timeout
+_LATE = 2  # runs after every NORMAL (1) and URGENT (0) event scheduled for the same instant
+
+
+# The hot path schedules its own small event objects instead of simpy Timeouts: ``env.step`` only
+# needs ``callbacks`` (called with the event) and ``_ok``. Each is scheduled exactly where a
+# Timeout used to be, so the event order, and every result, is unchanged. None of them is ever
+# handed out (``transfer`` returns a real simpy event), so nothing else adds callbacks to them.
 
 
 class _Flow:
-    __slots__ = ("done", "fid", "last_s", "links", "rate", "remaining", "size", "version")
+    """One message. Scheduled as an event itself for the end of its latency (``callbacks``); a
+    flow once bytes move (``fid`` set, ``rate`` > 0)."""
 
-    def __init__(self, fid: int, links: tuple[int, ...], size: float, done: Callable[[], object], now: float):
-        self.fid = fid
+    __slots__ = ("callbacks", "done", "dst", "fid", "last_s", "links", "rate", "remaining", "size", "src",
+                 "version")  # fmt: skip
+    _ok = True
+
+    def __init__(self, src: str, dst: str, links: tuple[int, ...], size: float, done: Callable[[], object]):
+        self.src = src
+        self.dst = dst
         self.links = links
         self.size = size
         self.remaining = size
         self.rate = 0.0
-        self.last_s = now
+        self.last_s = 0.0
         self.version = 0
         self.done = done
+        self.fid = -1
+
+
+class _Finish:
+    """The event "``flow`` delivers its last byte at the rate it got in ``version``"."""
+
+    __slots__ = ("callbacks", "flow", "version")
+    _ok = True
+
+    def __init__(self, callbacks: tuple, flow: _Flow, version: int):
+        self.callbacks = callbacks
+        self.flow = flow
+        self.version = version
+
+
+class _Recompute:
+    """The late event that re-fills the rates of the flows touched at this instant."""
+
+    __slots__ = ("callbacks",)
+    _ok = True
+
+    def __init__(self, callbacks: tuple):
+        self.callbacks = callbacks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,10 +130,12 @@ class Network:
         self._routes: dict[tuple[str, str], tuple[tuple[int, ...], float]] = {}
         self._bottleneck: dict[tuple[int, ...], float] = {}
         self._flows: dict[int, _Flow] = {}
-        self._ends: dict[int, tuple[str, str]] = {}
         self._dirty: set[int] = set()
         self._pending = False
         self._next_fid = 0
+        self._start_cb = (self._start,)
+        self._finish_cb = (self._finish,)
+        self._recompute_cb = (self._recompute,)
         self.num_messages = 0
         self.bytes_delivered = 0.0
         self.num_recomputes = 0
@@ -147,53 +184,59 @@ class Network:
         event (one simpy event less per message; used by the collective schedules)."""
         if size_bytes < 0:
             raise ValueError(f"transfer {src}->{dst}: size_bytes={size_bytes!r} must be >= 0")
-        links, alpha = self.route(src, dst)
+        r = self._routes.get((src, dst))
+        links, alpha = r if r is not None else self.route(src, dst)
         self.num_messages += 1
         if not links or (size_bytes == 0 and alpha == 0):
             on_arrival()
-        elif alpha > 0:
-            start = self.env.timeout(alpha)
-            start.callbacks.append(partial(self._start, src, dst, links, float(size_bytes), on_arrival))
-        else:
-            self._start(src, dst, links, float(size_bytes), on_arrival, None)
-
-    def _start(self, src, dst, links, size, on_arrival, _event) -> None:
-        if size == 0:
-            on_arrival()
             return
-        fid = self._next_fid
-        self._next_fid += 1
-        now = self.env.now
-        flow = _Flow(fid, links, size, on_arrival, now)
+        flow = _Flow(src, dst, links, float(size_bytes), on_arrival)
+        if alpha > 0:
+            flow.callbacks = self._start_cb
+            self.env.schedule(flow, _NORMAL, alpha)
+        else:
+            self._start(flow)
+
+    def _start(self, flow: _Flow) -> None:
+        """The latency is over: the message's bytes start to flow (or it arrives, if empty)."""
+        size = flow.size
+        if size == 0:
+            flow.done()
+            return
+        fid = flow.fid = self._next_fid
+        self._next_fid = fid + 1
+        env = self.env
+        flow.last_s = env.now
         self._flows[fid] = flow
-        self._ends[fid] = (src, dst)
         on_link = self._on_link
+        links = flow.links
         for li in links:
             if on_link[li]:
-                break
-        else:  # alone on every link: its rate is its bottleneck capacity, no recomputation needed
-            for li in links:
-                on_link[li][fid] = flow
-            flow.rate = self._bottleneck[links]
-            flow.version = 1
-            self.num_rate_updates += 1
-            self.env.timeout(size / flow.rate).callbacks.append(partial(self._finish, flow, 1))
-            return
+                for lj in links:
+                    on_link[lj][fid] = flow
+                self._mark(links)
+                return
+        # alone on every link: its rate is its bottleneck capacity, no recomputation needed
         for li in links:
             on_link[li][fid] = flow
-        self._mark(links)
+        rate = flow.rate = self._bottleneck[links]
+        flow.version = 1
+        self.num_rate_updates += 1
+        env.schedule(_Finish(self._finish_cb, flow, 1), _NORMAL, size / rate)
 
-    def _finish(self, flow: _Flow, version: int, _event) -> None:
-        if flow.version != version:
+    def _finish(self, event: _Finish) -> None:
+        flow = event.flow
+        if flow.version != event.version:
             return  # superseded by a rate change
         fid = flow.fid
         del self._flows[fid]
-        del self._ends[fid]
         on_link = self._on_link
         shared = False
         for li in flow.links:
-            del on_link[li][fid]
-            shared = shared or bool(on_link[li])
+            on = on_link[li]
+            del on[fid]
+            if on:
+                shared = True
         self.bytes_delivered += flow.size
         flow.rate = 0.0
         if shared:
@@ -204,15 +247,11 @@ class Network:
         self._dirty.update(links)
         if not self._pending:
             self._pending = True
-            ev = simpy.Event(self.env)
-            ev._ok = True  # trigger by hand so the event can carry the late priority
-            ev._value = None
-            ev.callbacks.append(self._recompute)
-            self.env.schedule(ev, _LATE)
+            self.env.schedule(_Recompute(self._recompute_cb), _LATE)
 
     # -- max-min fair rates ---------------------------------------------------------------------
 
-    def _recompute(self, _event) -> None:
+    def _recompute(self, _event: _Recompute) -> None:
         self._pending = False
         dirty, self._dirty = self._dirty, set()
         flows = self._component(dirty)
@@ -220,19 +259,23 @@ class Network:
             return
         self.num_recomputes += 1
         rates = self._fill(flows)
-        now = self.env.now
+        env = self.env
+        now = env.now
+        schedule, finish_cb = env.schedule, self._finish_cb
+        updates = 0
         for flow in flows:
             new = rates[flow.fid]
-            if new == flow.rate:
+            old = flow.rate
+            if new == old:
                 continue
-            self.num_rate_updates += 1
-            if flow.rate:
-                flow.remaining = max(0.0, flow.remaining - flow.rate * (now - flow.last_s))
+            updates += 1
+            if old:
+                flow.remaining = max(0.0, flow.remaining - old * (now - flow.last_s))
             flow.last_s = now
             flow.rate = new
-            flow.version += 1
-            t = self.env.timeout(flow.remaining / new)
-            t.callbacks.append(partial(self._finish, flow, flow.version))
+            version = flow.version = flow.version + 1
+            schedule(_Finish(finish_cb, flow, version), _NORMAL, flow.remaining / new)
+        self.num_rate_updates += updates
 
     def _component(self, links: set[int]) -> list[_Flow]:
         """Every active flow connected to ``links`` through shared links, in flow-id order."""
@@ -241,8 +284,7 @@ class Network:
         stack = list(links)
         found: dict[int, _Flow] = {}
         while stack:
-            li = stack.pop()
-            for fid, flow in on_link[li].items():
+            for fid, flow in on_link[stack.pop()].items():
                 if fid in found:
                     continue
                 found[fid] = flow
@@ -250,15 +292,18 @@ class Network:
                     if lj not in seen_links:
                         seen_links.add(lj)
                         stack.append(lj)
+        if len(found) < 2:
+            return list(found.values())
         return [found[k] for k in sorted(found)]
 
     def _fill(self, flows: list[_Flow]) -> dict[int, float]:
         """Progressive filling: the max-min fair rate of each flow (all flows on a touched link
         are in ``flows`` by construction)."""
-        cap = self._capacity
+        bottleneck = self._bottleneck
         if len(flows) == 1:
             (flow,) = flows
-            return {flow.fid: min(cap[li] for li in flow.links)}
+            return {flow.fid: bottleneck[flow.links]}
+        cap = self._capacity
         remaining: dict[int, float] = {}
         count: dict[int, int] = {}
         for flow in flows:
@@ -270,15 +315,22 @@ class Network:
                     remaining[li] = cap[li]
         rates: dict[int, float] = {}
         for flow in flows:  # flows alone on all their links take their bottleneck capacity
-            if all(count[li] == 1 for li in flow.links):
-                rates[flow.fid] = min(cap[li] for li in flow.links)
-                for li in flow.links:
+            links = flow.links
+            for li in links:
+                if count[li] != 1:
+                    break
+            else:
+                rates[flow.fid] = bottleneck[links]
+                for li in links:
                     count[li] = 0
         heap = [(remaining[li] / n, li, n) for li, n in count.items() if n]
+        if not heap:
+            return rates
         heapq.heapify(heap)
+        heappop, heappush = heapq.heappop, heapq.heappush
         on_link = self._on_link
         while heap:
-            _, li, n = heapq.heappop(heap)
+            _, li, n = heappop(heap)
             if count[li] != n or n == 0:
                 continue  # stale entry
             share = remaining[li] / n
@@ -289,10 +341,12 @@ class Network:
                 for lj in flow.links:
                     if lj == li:
                         continue
-                    remaining[lj] = max(0.0, remaining[lj] - share)
-                    count[lj] -= 1
-                    if count[lj]:
-                        heapq.heappush(heap, (remaining[lj] / count[lj], lj, count[lj]))
+                    left = remaining[lj] - share
+                    remaining[lj] = left = left if left > 0.0 else 0.0
+                    c = count[lj] - 1
+                    count[lj] = c
+                    if c:
+                        heappush(heap, (left / c, lj, c))
             count[li] = 0
         return rates
 
@@ -307,12 +361,11 @@ class Network:
         now = self.env.now
         out = []
         for fid, f in self._flows.items():
-            src, dst = self._ends[fid]
             out.append(
                 FlowInfo(
                     fid=fid,
-                    src=src,
-                    dst=dst,
+                    src=f.src,
+                    dst=f.dst,
                     rate_bytes_per_s=f.rate,
                     remaining_bytes=max(0.0, f.remaining - f.rate * (now - f.last_s)),
                     links=tuple(self._link_names[i] for i in f.links),

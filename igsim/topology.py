@@ -6,7 +6,8 @@ A :class:`Topology` wraps an undirected, frozen ``networkx.Graph``. Nodes carry 
 ``route_cost`` (default 1). Every edge is full duplex: each direction has its own capacity of
 ``bandwidth_bytes_per_s``, so a send and a receive over the same cable never compete.
 
-Latencies are per link: in ``star`` two ranks are ``2 * latency_s`` apart (rank -> switch -> rank).
+Files (JSON/YAML) are read by :func:`igsim.topology_files.load_topology`, also importable from
+here. Latencies are per link: in ``star`` two ranks are ``2 * latency_s`` apart (rank -> switch -> rank).
 :meth:`Topology.path_latency_s` gives the end-to-end figure.
 
 Routing: a message follows a path of minimum total ``route_cost`` (hop count by default). Where
@@ -27,24 +28,12 @@ import math
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import networkx as nx
 
-from igpolicy.config import check_keys
-from igpolicy.units import parse_bandwidth, parse_time
-
-__all__ = [
-    "LINK_ATTRS",
-    "NODE_KINDS",
-    "Topology",
-    "leaf_spine",
-    "load_topology",
-    "ring",
-    "star",
-    "two_level",
-]
+__all__ = ["LINK_ATTRS", "NODE_KINDS", "Topology", "apply_link_overrides", "check_link", "leaf_spine",
+           "load_topology", "ring", "star", "two_level"]  # fmt: skip
 
 NODE_KINDS = ("rank", "switch", "nic")
 LINK_ATTRS = ("bandwidth_bytes_per_s", "latency_s", "link_class", "route_cost")
@@ -113,7 +102,7 @@ class Topology:
         if extra:
             raise ValueError(f"{where}: rank nodes {extra} are missing from the rank order")
         for u, v, data in g.edges(data=True):
-            _check_link(data, where=f"{where}: link {u}-{v}")
+            check_link(data, where=f"{where}: link {u}-{v}")
         reach = nx.node_connected_component(g, self.ranks[0])
         lost = [r for r in self.ranks if r not in reach]
         if lost:
@@ -181,7 +170,7 @@ class Topology:
 
         The copy's ``kind`` is "custom" (it is no longer what the builder made).
         """
-        return _apply_overrides(self, {(u, v): attrs}, where=f"topology {self.name!r}")
+        return apply_link_overrides(self, {(u, v): attrs}, where=f"topology {self.name!r}")
 
     def uniform_star(self) -> tuple[float, float, str] | None:
         """``(latency_s, bandwidth_bytes_per_s, link_class)`` of every link if this is a star whose
@@ -214,7 +203,8 @@ def _uniform_links(g: nx.Graph) -> tuple[float, float, str] | None:
     return next(iter(seen)) if len(seen) == 1 else None
 
 
-def _check_link(data: Mapping[str, Any], *, where: str) -> None:
+def check_link(data: Mapping[str, Any], *, where: str) -> None:
+    """ValueError naming ``where`` unless ``data`` are valid :data:`LINK_ATTRS` of one link."""
     bw = data.get("bandwidth_bytes_per_s")
     if not isinstance(bw, (int, float)) or isinstance(bw, bool) or not math.isfinite(bw) or bw <= 0:
         raise ValueError(f"{where}: bandwidth_bytes_per_s={bw!r} must be > 0 and finite")
@@ -231,7 +221,10 @@ def _check_link(data: Mapping[str, Any], *, where: str) -> None:
         raise ValueError(f"{where}: unknown link attributes {unknown} (allowed: {', '.join(LINK_ATTRS)})")
 
 
-def _apply_overrides(topo: Topology, overrides: LinkOverrides | None, *, where: str) -> Topology:
+def apply_link_overrides(topo: Topology, overrides: LinkOverrides | None, *, where: str) -> Topology:
+    """A validated "custom" copy of ``topo`` with the given links' attributes replaced (``topo``
+    itself when there is nothing to change); ValueError naming ``where`` for a missing link or an
+    unknown attribute."""
     if not overrides:
         return topo
     g = nx.Graph(topo.graph)  # unfrozen copy
@@ -252,6 +245,13 @@ def _apply_overrides(topo: Topology, overrides: LinkOverrides | None, *, where: 
 
 def _add_link(g: nx.Graph, u: str, v: str, bw: float, lat: float, cls: str, **extra: Any) -> None:
     g.add_edge(u, v, bandwidth_bytes_per_s=float(bw), latency_s=float(lat), link_class=cls, **extra)
+
+
+def _built(g: nx.Graph, ranks: list[str], *, kind: str, name: str, params: dict[str, Any],
+           overrides: LinkOverrides | None, groups: tuple = ()) -> Topology:  # fmt: skip
+    """The builder ``kind``'s validated topology, then its link overrides applied."""
+    topo = Topology(graph=g, ranks=tuple(ranks), name=name, kind=kind, params=params, groups=groups)
+    return apply_link_overrides(topo.validate(where=kind), overrides, where=kind)
 
 
 def _rank_names(num_ranks: int) -> list[str]:
@@ -281,9 +281,7 @@ def star(
         g.add_node(r, kind="rank")
         _add_link(g, r, "sw", bandwidth_bytes_per_s, latency_s, link_class)
     params = {"num_ranks": num_ranks, "bandwidth_bytes_per_s": bandwidth_bytes_per_s, "latency_s": latency_s}
-    topo = Topology(graph=g, ranks=tuple(ranks), name=f"star-{num_ranks}", kind="star", params=params)
-    topo.validate(where="star")
-    return _apply_overrides(topo, link_overrides, where="star")
+    return _built(g, ranks, kind="star", name=f"star-{num_ranks}", params=params, overrides=link_overrides)
 
 
 def ring(
@@ -304,9 +302,7 @@ def ring(
     for i in range(p if p > 2 else p - 1):
         _add_link(g, ranks[i], ranks[(i + 1) % p], bandwidth_bytes_per_s, latency_s, link_class)
     params = {"num_ranks": num_ranks, "bandwidth_bytes_per_s": bandwidth_bytes_per_s, "latency_s": latency_s}
-    topo = Topology(graph=g, ranks=tuple(ranks), name=f"ring-{num_ranks}", kind="ring", params=params)
-    topo.validate(where="ring")
-    return _apply_overrides(topo, link_overrides, where="ring")
+    return _built(g, ranks, kind="ring", name=f"ring-{num_ranks}", params=params, overrides=link_overrides)
 
 
 def two_level(
@@ -342,12 +338,8 @@ def two_level(
     g = nx.Graph()
     g.add_node("core", kind="switch")
     groups = []
-    ib, il, ob, ol = (
-        intra_bandwidth_bytes_per_s,
-        intra_latency_s,
-        inter_bandwidth_bytes_per_s,
-        inter_latency_s,
-    )
+    ib, il = intra_bandwidth_bytes_per_s, intra_latency_s
+    ob, ol = inter_bandwidth_bytes_per_s, inter_latency_s
     for i in range(num_nodes):
         sw = f"n{i}"
         g.add_node(sw, kind="switch")
@@ -366,21 +358,12 @@ def two_level(
                 g.add_node(nic, kind="nic")
                 _add_link(g, r, nic, ib, il, "intra", route_cost=2.0)
                 _add_link(g, nic, "core", ob, ol, "inter", route_cost=2.0)
-    params = {
-        "num_nodes": num_nodes,
-        "ranks_per_node": ranks_per_node,
-        "intra_bandwidth_bytes_per_s": ib,
-        "intra_latency_s": il,
-        "inter_bandwidth_bytes_per_s": ob,
-        "inter_latency_s": ol,
-        "shared_nic": bool(shared_nic),
-    }
+    params = {"num_nodes": num_nodes, "ranks_per_node": ranks_per_node, "intra_bandwidth_bytes_per_s": ib,
+              "intra_latency_s": il, "inter_bandwidth_bytes_per_s": ob, "inter_latency_s": ol,
+              "shared_nic": bool(shared_nic)}  # fmt: skip
     name = f"two_level-{num_nodes}x{ranks_per_node}"
-    topo = Topology(
-        graph=g, ranks=tuple(ranks), name=name, kind="two_level", params=params, groups=tuple(groups)
-    )
-    topo.validate(where="two_level")
-    return _apply_overrides(topo, link_overrides, where="two_level")
+    return _built(g, ranks, kind="two_level", name=name, params=params, overrides=link_overrides,
+                  groups=tuple(groups))  # fmt: skip
 
 
 def leaf_spine(
@@ -419,201 +402,15 @@ def leaf_spine(
     for j, r in enumerate(ranks):
         g.add_node(r, kind="rank")
         _add_link(g, r, f"leaf{j // ranks_per_leaf}", bandwidth_bytes_per_s, latency_s, "nic")
-    params = {
-        "num_ranks": num_ranks,
-        "ranks_per_leaf": ranks_per_leaf,
-        "num_spines": num_spines,
-        "bandwidth_bytes_per_s": bandwidth_bytes_per_s,
-        "latency_s": latency_s,
-        "oversubscription": oversubscription,
-    }
+    params = {"num_ranks": num_ranks, "ranks_per_leaf": ranks_per_leaf, "num_spines": num_spines,
+              "bandwidth_bytes_per_s": bandwidth_bytes_per_s, "latency_s": latency_s,
+              "oversubscription": oversubscription}  # fmt: skip
     name = f"leaf_spine-{num_ranks}"
-    topo = Topology(graph=g, ranks=tuple(ranks), name=name, kind="leaf_spine", params=params)
-    topo.validate(where="leaf_spine")
-    return _apply_overrides(topo, link_overrides, where="leaf_spine")
+    return _built(g, ranks, kind="leaf_spine", name=name, params=params, overrides=link_overrides)
 
 
-# -- files -------------------------------------------------------------------------------------
+def load_topology(path: Any) -> Topology:
+    """Read a topology from a JSON or YAML file: :func:`igsim.topology_files.load_topology`."""
+    from igsim.topology_files import load_topology as load  # that module imports the builders above
 
-# file key -> (builder argument, parser); bandwidths and latencies take units ("100Gbps", "2us")
-_FILE_PARAMS: dict[str, tuple[str, Any]] = {
-    "num_ranks": ("num_ranks", int),
-    "bandwidth": ("bandwidth_bytes_per_s", parse_bandwidth),
-    "latency": ("latency_s", parse_time),
-    "link_class": ("link_class", str),
-    "num_nodes": ("num_nodes", int),
-    "ranks_per_node": ("ranks_per_node", int),
-    "intra_bandwidth": ("intra_bandwidth_bytes_per_s", parse_bandwidth),
-    "intra_latency": ("intra_latency_s", parse_time),
-    "inter_bandwidth": ("inter_bandwidth_bytes_per_s", parse_bandwidth),
-    "inter_latency": ("inter_latency_s", parse_time),
-    "shared_nic": ("shared_nic", bool),
-    "ranks_per_leaf": ("ranks_per_leaf", int),
-    "num_spines": ("num_spines", int),
-    "oversubscription": ("oversubscription", float),
-}
-_BUILDERS: dict[str, tuple[Any, frozenset[str], frozenset[str]]] = {  # fn, required, optional
-    "star": (star, frozenset({"num_ranks", "bandwidth", "latency"}), frozenset({"link_class"})),
-    "ring": (ring, frozenset({"num_ranks", "bandwidth", "latency"}), frozenset({"link_class"})),
-    "two_level": (
-        two_level,
-        frozenset(
-            {
-                "num_nodes",
-                "ranks_per_node",
-                "intra_bandwidth",
-                "intra_latency",
-                "inter_bandwidth",
-                "inter_latency",
-                "shared_nic",
-            }
-        ),
-        frozenset(),
-    ),
-    "leaf_spine": (
-        leaf_spine,
-        frozenset({"num_ranks", "ranks_per_leaf", "num_spines", "bandwidth", "latency"}),
-        frozenset({"oversubscription"}),
-    ),
-}
-_LINK_KEYS = frozenset({"a", "b", "bandwidth", "latency", "class", "route_cost"})
-
-
-def _link_attrs(item: Mapping[str, Any], *, where: str, partial_ok: bool) -> dict[str, Any]:
-    """File link keys (with units) -> graph edge attributes."""
-    required = frozenset({"a", "b"}) if partial_ok else frozenset({"a", "b", "bandwidth", "latency"})
-    check_keys(item, allowed=_LINK_KEYS, where=where, required=required)
-    attrs: dict[str, Any] = {}
-    try:
-        if "bandwidth" in item:
-            attrs["bandwidth_bytes_per_s"] = parse_bandwidth(item["bandwidth"])
-        if "latency" in item:
-            attrs["latency_s"] = parse_time(item["latency"])
-        if "route_cost" in item:
-            attrs["route_cost"] = float(item["route_cost"])
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{where}: {e}") from None
-    if "class" in item:
-        attrs["link_class"] = str(item["class"])
-    elif not partial_ok:
-        attrs["link_class"] = "link"
-    return attrs
-
-
-def _read(path: Path) -> Any:
-    text = path.read_text()
-    try:
-        if path.suffix == ".json":
-            import json
-
-            return json.loads(text)
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            return yaml.safe_load(text)
-    except Exception as e:  # json.JSONDecodeError, yaml.YAMLError
-        raise ValueError(f"topology file {path}: cannot parse ({e})") from None
-    raise ValueError(f"topology file {path}: unknown suffix {path.suffix!r} (use .json, .yaml or .yml)")
-
-
-def load_topology(path: str | Path) -> Topology:
-    """Read a topology from JSON or YAML; every error names the file and the item.
-
-    Two forms. A builder with its parameters (units as strings)::
-
-        builder: two_level
-        num_nodes: 4
-        ranks_per_node: 8
-        intra_bandwidth: 300GB/s
-        intra_latency: 1us
-        inter_bandwidth: 100Gbps
-        inter_latency: 2us
-        shared_nic: false
-        overrides:                      # optional: heterogeneity
-          - {a: r5.nic, b: core, bandwidth: 25Gbps}
-
-    Or an explicit graph: ``ranks`` (rank order), ``switches``, ``nics`` (node names), ``groups``
-    (optional machines) and ``links`` (``a``, ``b``, ``bandwidth``, ``latency``, ``class``,
-    ``route_cost``). Both take ``name``.
-    """
-    path = Path(path)
-    data = _read(path)
-    where = f"topology file {path}"
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{where}: expected a mapping at the top level")
-    if "builder" in data:
-        topo = _from_builder(data, where=where)
-    else:
-        topo = _from_links(data, where=where)
-    overrides = data.get("overrides") or []
-    if not isinstance(overrides, list):
-        raise ValueError(f"{where}: overrides must be a list of links")
-    changes = {}
-    for i, item in enumerate(overrides):
-        w = f"{where}: overrides[{i}]"
-        attrs = _link_attrs(item, where=w, partial_ok=True)
-        a, b = str(item["a"]), str(item["b"])
-        if not topo.graph.has_edge(a, b):
-            raise ValueError(f"{w}: link {a}-{b} does not exist")
-        changes[(a, b)] = attrs
-    return _apply_overrides(topo, changes, where=where)
-
-
-def _from_builder(data: Mapping[str, Any], *, where: str) -> Topology:
-    kind = data["builder"]
-    if kind not in _BUILDERS:
-        raise ValueError(f"{where}: builder {kind!r} is not one of {', '.join(_BUILDERS)}")
-    fn, required, optional = _BUILDERS[kind]
-    check_keys(data, allowed=required | optional | {"builder", "name", "overrides"}, required=required,
-               where=f"{where} (builder {kind})")  # fmt: skip
-    kwargs = {}
-    for key in sorted(required | optional):
-        if key not in data:
-            continue
-        arg, parse = _FILE_PARAMS[key]
-        value = data[key]
-        if parse is bool and not isinstance(value, bool):
-            raise ValueError(f"{where}: {key}={value!r} must be true or false")
-        try:
-            kwargs[arg] = parse(value)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{where}: {key}: {e}") from None
-    try:
-        topo = fn(**kwargs)
-    except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
-    if "name" in data:
-        topo = Topology(graph=topo.graph, ranks=topo.ranks, name=str(data["name"]), kind=topo.kind,
-                        params=topo.params, groups=topo.groups)  # fmt: skip
-    return topo
-
-
-def _from_links(data: Mapping[str, Any], *, where: str) -> Topology:
-    allowed = {"name", "ranks", "switches", "nics", "groups", "links", "overrides"}
-    check_keys(data, allowed=allowed, required={"ranks", "links"}, where=where)
-    g = nx.Graph()
-    for key, kind in (("ranks", "rank"), ("switches", "switch"), ("nics", "nic")):
-        names = data.get(key) or []
-        if not isinstance(names, list):
-            raise ValueError(f"{where}: {key} must be a list of node names")
-        for name in names:
-            if str(name) in g:
-                raise ValueError(f"{where}: node {name!r} is declared twice")
-            g.add_node(str(name), kind=kind)
-    links = data["links"]
-    if not isinstance(links, list):
-        raise ValueError(f"{where}: links must be a list")
-    for i, item in enumerate(links):
-        w = f"{where}: links[{i}]"
-        attrs = _link_attrs(item, where=w, partial_ok=False)
-        a, b = str(item["a"]), str(item["b"])
-        for end in (a, b):
-            if end not in g:
-                raise ValueError(f"{w}: node {end!r} is not declared in ranks, switches or nics")
-        if g.has_edge(a, b):
-            raise ValueError(f"{w}: link {a}-{b} is given twice")
-        g.add_edge(a, b, **attrs)
-    groups = tuple(tuple(str(r) for r in grp) for grp in data.get("groups") or ())
-    topo = Topology(graph=g, ranks=tuple(str(r) for r in data["ranks"]), name=str(data.get("name", "")),
-                    kind="custom", groups=groups)  # fmt: skip
-    return topo.validate(where=where)
+    return load(path)
