@@ -148,7 +148,7 @@ def _execute(net: Network, s: Schedule, names: list[str]):
             dependents[d].append((m, delay))
     ready = [t0] * count
     arrived = [t0] * count
-    left = [count]
+    left = count
     all_done = env.event()
     src, dst, size, send = s.src, s.dst, s.size, net.send
 
@@ -156,20 +156,23 @@ def _execute(net: Network, s: Schedule, names: list[str]):
         send(names[src[m]], names[dst[m]], size[m], partial(on_arrival, m))
 
     def on_arrival(m: int) -> None:
+        nonlocal left
         now = env.now
         arrived[m] = now
         for d, delay in dependents[m]:
             t = now + delay
-            if t > ready[d]:
-                ready[d] = t
-            pending[d] -= 1
-            if not pending[d]:
-                if ready[d] > now:
-                    env.timeout(ready[d] - now).callbacks.append(partial(launch, d))
+            r = ready[d]
+            if t > r:
+                ready[d] = r = t
+            waiting = pending[d] - 1
+            pending[d] = waiting
+            if not waiting:
+                if r > now:
+                    env.timeout(r - now).callbacks.append(partial(launch, d))
                 else:
                     launch(d)
-        left[0] -= 1
-        if not left[0]:
+        left -= 1
+        if not left:
             all_done.succeed()
 
     for m in range(count):

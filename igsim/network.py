@@ -54,14 +54,14 @@ class _Flow:
     """One message. Scheduled as an event itself for the end of its latency (``callbacks``); a
     flow once bytes move (``fid`` set, ``rate`` > 0)."""
 
-    __slots__ = ("callbacks", "done", "dst", "fid", "last_s", "links", "rate", "remaining", "size", "src",
-                 "version")  # fmt: skip
+    __slots__ = ("callbacks", "cap", "done", "dst", "fid", "last_s", "links", "rate", "remaining", "size",
+                 "src", "version")  # fmt: skip
     _ok = True
 
-    def __init__(self, src: str, dst: str, links: tuple[int, ...], size: float, done: Callable[[], object]):
+    def __init__(self, src: str, dst: str, path: tuple, size: float, done: Callable[[], object]):
         self.src = src
         self.dst = dst
-        self.links = links
+        self.links, _, self.cap = path  # cap: the bottleneck capacity, its rate when alone
         self.size = size
         self.remaining = size
         self.rate = 0.0
@@ -88,9 +88,6 @@ class _Recompute:
 
     __slots__ = ("callbacks",)
     _ok = True
-
-    def __init__(self, callbacks: tuple):
-        self.callbacks = callbacks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,15 +124,15 @@ class Network:
                 self._link_names.append((a, b))
                 self._capacity.append(cap)
         self._on_link: list[dict[int, _Flow]] = [{} for _ in self._link_names]
-        self._routes: dict[tuple[str, str], tuple[tuple[int, ...], float]] = {}
-        self._bottleneck: dict[tuple[int, ...], float] = {}
-        self._flows: dict[int, _Flow] = {}
+        self._routes: dict[tuple[str, str], tuple[tuple[int, ...], float, float]] = {}  # + bottleneck
+        self._num_active = 0  # flows with bytes moving
         self._dirty: set[int] = set()
         self._pending = False
         self._next_fid = 0
         self._start_cb = (self._start,)
         self._finish_cb = (self._finish,)
         self._recompute_cb = (self._recompute,)
+        self._recompute_event = _Recompute()  # at most one is pending at a time: reused
         self.num_messages = 0
         self.bytes_delivered = 0.0
         self.num_recomputes = 0
@@ -145,6 +142,10 @@ class Network:
 
     def route(self, src: str, dst: str) -> tuple[tuple[int, ...], float]:
         """(directed link indices, alpha_s) of a message from ``src`` to ``dst``; cached."""
+        return self._route(src, dst)[:2]
+
+    def _route(self, src: str, dst: str) -> tuple[tuple[int, ...], float, float]:
+        """:meth:`route` plus the bottleneck capacity (``inf`` without links)."""
         key = (src, dst)
         r = self._routes.get(key)
         if r is None:
@@ -153,9 +154,8 @@ class Network:
             links = tuple(self._link_index[h] for h in hops)
             classes = {topo.graph.edges[h]["link_class"] for h in hops}
             alpha = topo.path_latency_s(src, dst) + self.calibration.message_alpha_s(classes)
-            r = self._routes[key] = (links, alpha)
-            if links:
-                self._bottleneck[links] = min(self._capacity[i] for i in links)
+            cap = min((self._capacity[i] for i in links), default=float("inf"))
+            r = self._routes[key] = (links, alpha, cap)
         return r
 
     def path_alpha_s(self, src: str, dst: str) -> float:
@@ -164,8 +164,7 @@ class Network:
 
     def path_capacity_bytes_per_s(self, src: str, dst: str) -> float:
         """Uncontended rate of a flow from ``src`` to ``dst`` (its bottleneck link capacity)."""
-        links = self.route(src, dst)[0]
-        return min((self._capacity[i] for i in links), default=float("inf"))
+        return self._route(src, dst)[2]
 
     # -- messages -------------------------------------------------------------------------------
 
@@ -184,13 +183,13 @@ class Network:
         event (one simpy event less per message; used by the collective schedules)."""
         if size_bytes < 0:
             raise ValueError(f"transfer {src}->{dst}: size_bytes={size_bytes!r} must be >= 0")
-        r = self._routes.get((src, dst))
-        links, alpha = r if r is not None else self.route(src, dst)
+        path = self._routes.get((src, dst)) or self._route(src, dst)
+        links, alpha, _ = path
         self.num_messages += 1
         if not links or (size_bytes == 0 and alpha == 0):
             on_arrival()
             return
-        flow = _Flow(src, dst, links, float(size_bytes), on_arrival)
+        flow = _Flow(src, dst, path, float(size_bytes), on_arrival)
         if alpha > 0:
             flow.callbacks = self._start_cb
             self.env.schedule(flow, _NORMAL, alpha)
@@ -207,7 +206,7 @@ class Network:
         self._next_fid = fid + 1
         env = self.env
         flow.last_s = env.now
-        self._flows[fid] = flow
+        self._num_active += 1
         on_link = self._on_link
         links = flow.links
         for li in links:
@@ -219,7 +218,7 @@ class Network:
         # alone on every link: its rate is its bottleneck capacity, no recomputation needed
         for li in links:
             on_link[li][fid] = flow
-        rate = flow.rate = self._bottleneck[links]
+        rate = flow.rate = flow.cap
         flow.version = 1
         self.num_rate_updates += 1
         env.schedule(_Finish(self._finish_cb, flow, 1), _NORMAL, size / rate)
@@ -229,7 +228,7 @@ class Network:
         if flow.version != event.version:
             return  # superseded by a rate change
         fid = flow.fid
-        del self._flows[fid]
+        self._num_active -= 1
         on_link = self._on_link
         shared = False
         for li in flow.links:
@@ -247,18 +246,24 @@ class Network:
         self._dirty.update(links)
         if not self._pending:
             self._pending = True
-            self.env.schedule(_Recompute(self._recompute_cb), _LATE)
+            event = self._recompute_event
+            event.callbacks = self._recompute_cb
+            self.env.schedule(event, _LATE)
 
     # -- max-min fair rates ---------------------------------------------------------------------
 
     def _recompute(self, _event: _Recompute) -> None:
         self._pending = False
         dirty, self._dirty = self._dirty, set()
-        flows = self._component(dirty)
+        flows, links = self._component(dirty)
         if not flows:
             return
         self.num_recomputes += 1
-        rates = self._fill(flows)
+        if len(flows) == 1:
+            (flow,) = flows
+            rates = {flow.fid: flow.cap}
+        else:
+            rates = self._fill(flows, links)
         env = self.env
         now = env.now
         schedule, finish_cb = env.schedule, self._finish_cb
@@ -277,10 +282,12 @@ class Network:
             schedule(_Finish(finish_cb, flow, version), _NORMAL, flow.remaining / new)
         self.num_rate_updates += updates
 
-    def _component(self, links: set[int]) -> list[_Flow]:
-        """Every active flow connected to ``links`` through shared links, in flow-id order."""
+    def _component(self, links: set[int]) -> tuple[list[_Flow], set[int]]:
+        """Every active flow connected to ``links`` through shared links, in flow-id order, and
+        ``links`` itself, grown by every link those flows use (each flow on one of them is in the
+        list)."""
         on_link = self._on_link
-        seen_links = set(links)
+        seen_links = links  # the caller's set, grown in place
         stack = list(links)
         found: dict[int, _Flow] = {}
         while stack:
@@ -293,42 +300,33 @@ class Network:
                         seen_links.add(lj)
                         stack.append(lj)
         if len(found) < 2:
-            return list(found.values())
-        return [found[k] for k in sorted(found)]
+            return list(found.values()), seen_links
+        return [found[k] for k in sorted(found)], seen_links
 
-    def _fill(self, flows: list[_Flow]) -> dict[int, float]:
-        """Progressive filling: the max-min fair rate of each flow (all flows on a touched link
-        are in ``flows`` by construction)."""
-        bottleneck = self._bottleneck
-        if len(flows) == 1:
-            (flow,) = flows
-            return {flow.fid: bottleneck[flow.links]}
-        cap = self._capacity
+    def _fill(self, flows: list[_Flow], links: set[int]) -> dict[int, float]:
+        """Progressive filling: the max-min fair rate of each of ``flows``, a connected component
+        that holds every flow on each of ``links`` (the links they use, and maybe idle ones)."""
+        cap, on_link = self._capacity, self._on_link
         remaining: dict[int, float] = {}
-        count: dict[int, int] = {}
-        for flow in flows:
-            for li in flow.links:
-                if li in count:
-                    count[li] += 1
-                else:
-                    count[li] = 1
-                    remaining[li] = cap[li]
+        count: dict[int, int] = {}  # flows on the link still without a rate
+        for li in links:
+            n = len(on_link[li])
+            if n:
+                count[li] = n
+                remaining[li] = cap[li]
         rates: dict[int, float] = {}
         for flow in flows:  # flows alone on all their links take their bottleneck capacity
-            links = flow.links
-            for li in links:
+            for li in flow.links:
                 if count[li] != 1:
                     break
             else:
-                rates[flow.fid] = bottleneck[links]
-                for li in links:
+                rates[flow.fid] = flow.cap
+                for li in flow.links:
                     count[li] = 0
+        # the link offering the smallest fair share saturates first: its flows get that share
         heap = [(remaining[li] / n, li, n) for li, n in count.items() if n]
-        if not heap:
-            return rates
         heapq.heapify(heap)
         heappop, heappush = heapq.heappop, heapq.heappush
-        on_link = self._on_link
         while heap:
             _, li, n = heappop(heap)
             if count[li] != n or n == 0:
@@ -354,13 +352,15 @@ class Network:
 
     @property
     def num_active_flows(self) -> int:
-        return len(self._flows)
+        return self._num_active
 
     def flows(self) -> list[FlowInfo]:
         """The active flows (bytes moving now), in start order, with their current rates."""
         now = self.env.now
         out = []
-        for fid, f in self._flows.items():
+        active = {fid: f for on in self._on_link for fid, f in on.items()}
+        for fid in sorted(active):
+            f = active[fid]
             out.append(
                 FlowInfo(
                     fid=fid,

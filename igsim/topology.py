@@ -64,12 +64,14 @@ class Topology:
     groups: tuple[tuple[str, ...], ...] = ()
     _pred_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _path_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _unit_costs: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not nx.is_frozen(self.graph):
             object.__setattr__(self, "graph", nx.freeze(self.graph.copy()))
         object.__setattr__(self, "ranks", tuple(self.ranks))
         object.__setattr__(self, "groups", tuple(tuple(g) for g in self.groups))
+        object.__setattr__(self, "_unit_costs", _unit_costs(self.graph))
 
     @property
     def num_ranks(self) -> int:
@@ -133,7 +135,10 @@ class Topology:
             )
         pred = self._pred_cache.get(src)
         if pred is None:
-            pred, _ = nx.dijkstra_predecessor_and_distance(self.graph, src, weight=_route_cost)
+            if self._unit_costs:  # hop counts: a breadth-first search finds the same predecessors
+                pred = nx.predecessor(self.graph, src)
+            else:
+                pred, _ = nx.dijkstra_predecessor_and_distance(self.graph, src, weight=_route_cost)
             self._pred_cache[src] = pred
         if dst not in pred:
             raise ValueError(f"topology {self.name!r}: no path from {src!r} to {dst!r}")
@@ -196,6 +201,11 @@ class Topology:
 
 def _route_cost(u: str, v: str, data: Mapping[str, Any]) -> float:
     return float(data.get("route_cost", 1.0))
+
+
+def _unit_costs(g: nx.Graph) -> bool:
+    """Whether every link's route cost is 1 (the predecessors of a BFS are then Dijkstra's)."""
+    return all(d.get("route_cost", 1.0) == 1.0 for _, _, d in g.edges(data=True))
 
 
 def _uniform_links(g: nx.Graph) -> tuple[float, float, str] | None:

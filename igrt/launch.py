@@ -1,0 +1,248 @@
+"""Run a function on ``nproc`` real processes with a torch.distributed process group.
+
+:func:`launch` either joins a group that ``torchrun`` set up (env ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``: the function runs once, in this process) or spawns ``nproc`` local processes
+itself (``torch.multiprocessing``, a free localhost port, ``MASTER_ADDR=127.0.0.1``). Every rank
+gets one torch thread, the group is created with a timeout (so a stuck collective fails instead of
+hanging forever) and destroyed at the end. A failure on any rank stops the others and is raised in
+the caller naming the rank that failed first (its peers' collectives then fail too); a
+``ValueError`` raised by a rank (a user error) stays a ``ValueError``.
+
+The function is called as ``fn(ctx, *args)`` with a :class:`RankContext`; its return value (which
+must pickle) comes back in the dict that :func:`launch` returns, keyed by rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+__all__ = ["BACKENDS", "RankContext", "launch", "resolve_backend"]
+
+BACKENDS = ("auto", "gloo", "nccl")
+_TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankContext:
+    """Where this process stands: its rank, the group size, the backend and its device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: torch.device
+    spawned: bool  # True when launch() started this process, False under torchrun
+
+
+def resolve_backend(backend: str, nproc: int) -> str:
+    """``auto`` -> ``nccl`` when CUDA has at least ``nproc`` devices, else ``gloo``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= nproc else "gloo"
+    if backend == "nccl" and not (torch.cuda.is_available() and torch.cuda.device_count() >= nproc):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        raise ValueError(f"backend 'nccl' needs {nproc} CUDA devices, found {count}; use gloo")
+    return backend
+
+
+def _under_torchrun() -> bool:
+    return all(k in os.environ for k in _TORCHRUN_ENV)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel end this rank when the launching process dies (no orphaned ranks)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+    with contextlib.suppress(RuntimeError):  # already set, or parallel work already ran here
+        torch.set_num_interop_threads(1)
+
+
+def _device(backend: str, local_rank: int) -> torch.device:
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _init_group(backend: str, rank: int, world_size: int, timeout_s: float, device: torch.device) -> None:
+    kwargs: dict[str, Any] = {}
+    if device.type == "cuda":
+        kwargs["device_id"] = device
+    dist.init_process_group(
+        backend=backend,
+        init_method="env://",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        **kwargs,
+    )
+
+
+def _spawned_main(
+    index: int, fn: Callable, args: tuple, nproc: int, backend: str, port: int, timeout_s: float, queue
+) -> None:
+    """Entry point of a spawned rank: env, one thread, the group, ``fn``, then teardown."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(index),
+        WORLD_SIZE=str(nproc),
+        LOCAL_RANK=str(index),
+        LOCAL_WORLD_SIZE=str(nproc),
+        OMP_NUM_THREADS="1",
+    )
+    if os.path.exists("/sys/class/net/lo"):  # every rank is on this host: keep gloo on loopback
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    _die_with_parent()
+    _one_thread()
+    try:
+        device = _device(backend, index)
+        _init_group(backend, index, nproc, timeout_s, device)
+        ctx = RankContext(
+            rank=index, world_size=nproc, local_rank=index, backend=backend, device=device, spawned=True
+        )
+        result = fn(ctx, *args)
+        queue.put(("ok", index, result))
+    except BaseException as e:
+        info = (type(e).__name__, str(e), traceback.format_exc(), isinstance(e, ValueError), time.time())
+        queue.put(("error", index, info))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run_under_torchrun(fn: Callable, args: tuple, backend: str, timeout_s: float) -> dict[int, Any]:
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    _one_thread()
+    device = _device(backend, local_rank)
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        _init_group(backend, rank, world_size, timeout_s, device)
+    try:
+        ctx = RankContext(
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            backend=backend,
+            device=device,
+            spawned=False,
+        )
+        return {rank: fn(ctx, *args)}
+    finally:
+        if owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _raise_rank_error(errors: dict[int, tuple], index: int, fallback: BaseException) -> None:
+    """Raise the first error in time (a rank that failed first makes its peers' collectives fail)."""
+    if errors:
+        index = min(errors, key=lambda r: (errors[r][4], r))
+    info = errors.get(index)
+    if info is None:
+        raise RuntimeError(f"rank {index} failed: {fallback}") from None
+    name, message, tb, is_value_error, _ = info
+    if is_value_error:
+        raise ValueError(f"rank {index}: {message}") from None
+    raise RuntimeError(
+        f"rank {index} failed with {name}: {message}\n--- rank {index} traceback ---\n{tb}"
+    ) from None
+
+
+def launch(
+    fn: Callable[..., Any],
+    *,
+    nproc: int,
+    backend: str = "auto",
+    args: tuple = (),
+    timeout_s: float = 600.0,
+) -> dict[int, Any]:
+    """Run ``fn(ctx, *args)`` on every rank; returns ``{rank: return value}``.
+
+    - Under torchrun (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set) ``fn`` runs here once, in the
+      existing process group (created from the environment when none exists); ``nproc`` is ignored
+      in favour of ``WORLD_SIZE`` and only this rank's result is returned.
+    - Otherwise ``nproc`` processes are spawned on this machine. ``fn`` and ``args`` must pickle
+      (``fn`` a module-level function).
+
+    ``backend``: ``gloo``, ``nccl`` or ``auto`` (nccl when CUDA has >= nproc devices). ``timeout_s``:
+    the process group's timeout, seconds — a collective that waits longer fails on that rank.
+    Raises ValueError (bad arguments, or a ValueError raised on a rank, prefixed ``rank N:``) or
+    RuntimeError (any other failure, with the failing rank and its traceback).
+    """
+    if _under_torchrun():
+        world_size = int(os.environ["WORLD_SIZE"])
+        return _run_under_torchrun(
+            fn, tuple(args), resolve_backend(backend, min(world_size, nproc)), timeout_s
+        )
+    if not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc must be an integer >= 1, got {nproc!r}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    backend = resolve_backend(backend, nproc)
+    spawn_ctx = mp.get_context("spawn")
+    queue = spawn_ctx.SimpleQueue()
+    context = mp.start_processes(
+        _spawned_main,
+        args=(fn, tuple(args), nproc, backend, _free_port(), float(timeout_s), queue),
+        nprocs=nproc,
+        join=False,
+        start_method="spawn",
+    )
+    results: dict[int, Any] = {}
+    errors: dict[int, tuple] = {}
+
+    def drain() -> None:
+        while not queue.empty():
+            status, index, payload = queue.get()
+            (results if status == "ok" else errors)[index] = payload
+
+    try:
+        while not context.join(timeout=0.2):
+            drain()
+    except mp.ProcessRaisedException as e:
+        drain()
+        _raise_rank_error(errors, e.error_index, e)
+    except mp.ProcessExitedException as e:
+        drain()
+        if errors:
+            _raise_rank_error(errors, e.error_index, e)
+        raise RuntimeError(f"rank {e.error_index} exited with code {e.exit_code} ({e})") from None
+    except BaseException:
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()
+        raise
+    drain()
+    missing = sorted(set(range(nproc)) - set(results))
+    if missing:
+        raise RuntimeError(f"ranks {missing} exited without a result")
+    return dict(sorted(results.items()))

@@ -1,0 +1,545 @@
+"""The training loop: a reference workload on real ranks, its gradients synchronized by a policy.
+
+:func:`train` spawns the ranks (:func:`igrt.launch.launch`, torchrun-aware) and runs
+:func:`train_on_rank` on each; the bench calls :func:`train_on_rank` itself inside its own ranks.
+
+Per optimizer step ``t`` on every rank: ``grad_accum`` micro-batches of forward + backward (local
+gradients accumulate in ``p.grad``), then the synchronization at the accumulation boundary, then
+``optimizer.step()`` and ``zero_grad(set_to_none=True)``. Two integrations:
+
+- ``sync``: a plain module; :meth:`igrt.synchronizer.Synchronizer.step` after the last backward
+  (blocking: all of its communication is exposed). The dense policy here is plain DDP's average.
+- ``ddp-hook``: ``DistributedDataParallel`` with :func:`igrt.ddp_hook.importance_hook` (overlaps
+  communication with backward); micro-batches before the boundary run under ``no_sync()``.
+
+After the last step the residuals are flushed (one more optimizer step on the flushed average;
+its bytes are reported apart from the steps'). With an output directory, rank 0 writes
+``metrics.csv`` (every rank's :class:`~igpolicy.vocab.StepMetrics`, ``source="real"``),
+``summary.json``, ``eval.json`` and ``model.pt`` (the final, flushed weights); every rank writes its
+part of ``checkpoint/`` (see :func:`save_checkpoint`). Resuming from a checkpoint at the same world
+size reproduces the uninterrupted run bit for bit on CPU: the checkpoint holds the model, the
+optimizer, every rank's sync state and RNG state, and the data streams are replayed to the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from igpolicy.config import PolicyConfig
+from igpolicy.plan import SyncPlan, compare_plans
+from igpolicy.vocab import ParamInfo, StepMetrics
+from igrt.checkpoint import load_sync_state, save_sync_state
+from igrt.metrics import MetricsLog
+
+__all__ = [
+    "INTEGRATIONS",
+    "RankOutcome",
+    "TrainOptions",
+    "check_plan",
+    "load_checkpoint",
+    "preflight",
+    "rank_seed",
+    "save_checkpoint",
+    "step_statistics",
+    "train",
+    "train_on_rank",
+]
+
+INTEGRATIONS = ("sync", "ddp-hook")
+STATE_NAME = "train-state.pt"
+CHECKPOINT_FORMAT = "igtrain/1"
+_RESUME_KEYS = ("workload", "tiny", "seed", "batch_size", "grad_accum")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainOptions:
+    """One training run. ``steps`` is the total step count (a resumed run continues to it);
+    ``eval_every`` / ``checkpoint_every`` = 0 mean at the end only; ``out`` None writes nothing."""
+
+    workload: str
+    config: PolicyConfig
+    steps: int
+    plan: SyncPlan | None = None
+    plan_path: str | None = None
+    batch_size: int = 16
+    grad_accum: int = 1
+    integration: str = "sync"
+    tiny: bool = False
+    seed: int = 0
+    evaluate: bool = True
+    eval_every: int = 0
+    checkpoint_every: int = 0
+    resume: str | None = None
+    out: str | None = None
+    progress: bool = True
+    command: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "grad_accum"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("eval_every", "checkpoint_every"):
+            if int(getattr(self, name)) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.integration not in INTEGRATIONS:
+            raise ValueError(f"--integration {self.integration!r} is not one of {', '.join(INTEGRATIONS)}")
+        if self.config.policy == "importance" and self.plan is None:
+            raise ValueError("policy 'importance' needs --plan PLAN.json (igsim profile TRACE -o PLAN.json)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankOutcome:
+    """What one rank ends with; ``rows`` / ``flush_rows`` hold every rank's rows on rank 0 only."""
+
+    rank: int
+    start_step: int
+    rows: tuple[StepMetrics, ...]
+    flush_rows: tuple[StepMetrics, ...]
+    evals: tuple[dict[str, Any], ...]
+    train_s: float
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The torch RNG seed of ``rank`` (dropout masks differ per rank, as under DDP)."""
+    return int(seed) * 1009 + int(rank)
+
+
+def check_plan(plan: SyncPlan, infos: list[ParamInfo], *, where: str = "SyncPlan") -> None:
+    """ValueError naming every component the plan lacks and every one the model lacks."""
+    missing, extra = compare_plans(plan, [i.component for i in infos])
+    if missing or extra:
+        raise ValueError(
+            f"{where} (fingerprint {plan.fingerprint}) does not match the model: "
+            f"components missing from the plan: {missing or 'none'}; "
+            f"components in the plan but not in the model: {extra or 'none'}"
+        )
+
+
+# --------------------------------------------------------------------------- checkpoints
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    tmp.replace(path)
+
+
+def _barrier(world_size: int) -> None:
+    if world_size > 1:
+        dist.barrier()
+
+
+def save_checkpoint(
+    directory: str | Path, *, step: int, model, optimizer, sync, rank: int, world_size: int, meta: dict
+) -> None:
+    """Every rank: its sync state (``igsync-rank*.pt``) and RNG state (``rng-rank*.pt``); then rank
+    0: ``train-state.pt`` (model, optimizer, step, run settings), written last, so its presence marks
+    a complete checkpoint. ``step`` is the number of steps done. Collective: every rank calls it."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    save_sync_state(sync, d, rank=rank)
+    rng = {"step": step, "rank": rank, "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    _atomic_save(rng, d / f"rng-rank{rank:03d}.pt")
+    _barrier(world_size)
+    if rank == 0:
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "step": step,
+            "world_size": world_size,
+            "meta": meta,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+        }
+        _atomic_save(state, d / STATE_NAME)
+    _barrier(world_size)
+
+
+def _resolve_checkpoint(path: str | Path) -> Path:
+    p = Path(path)
+    if (p / "checkpoint" / STATE_NAME).is_file():
+        return p / "checkpoint"
+    if (p / STATE_NAME).is_file():
+        return p
+    raise ValueError(f"--resume {p}: no checkpoint there ({STATE_NAME} in it or in its checkpoint/)")
+
+
+def load_checkpoint(
+    directory: str | Path, *, model, optimizer, sync, rank: int, world_size: int, meta: dict
+) -> int:
+    """Restore what :func:`save_checkpoint` wrote; returns the steps done. ValueError naming any
+    mismatch (run settings, world size, a rank's files from another step, plan/config/params)."""
+    d = _resolve_checkpoint(directory)
+    state = torch.load(d / STATE_NAME, map_location="cpu", weights_only=True)
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{d / STATE_NAME}: not a {CHECKPOINT_FORMAT} checkpoint")
+    diffs = [
+        f"{k}: checkpoint {state['meta'].get(k)!r}, now {meta.get(k)!r}"
+        for k in _RESUME_KEYS
+        if state["meta"].get(k) != meta.get(k)
+    ]
+    if diffs:
+        raise ValueError(f"{d}: the checkpoint is of another run: " + "; ".join(diffs))
+    if state["world_size"] != world_size:
+        raise ValueError(
+            f"{d}: written by {state['world_size']} ranks (residuals unflushed); resume with "
+            f"--nproc {state['world_size']}"
+        )
+    step = int(state["step"])
+    rng_path = d / f"rng-rank{rank:03d}.pt"
+    if not rng_path.is_file():
+        raise ValueError(f"{d}: incomplete checkpoint ({rng_path.name} is missing)")
+    rng = torch.load(rng_path, map_location="cpu", weights_only=True)
+    if int(rng["step"]) != step:
+        raise ValueError(f"{d}: rng-rank{rank:03d}.pt is of step {rng['step']}, {STATE_NAME} of step {step}")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    load_sync_state(sync, d, rank=rank)
+    if _sync_step(sync) != step:
+        raise ValueError(f"{d}: the sync state of rank {rank} is at step {_sync_step(sync)}, not {step}")
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
+    return step
+
+
+def _sync_step(sync) -> int:
+    return int(getattr(sync, "sync", sync).step_index)
+
+
+# --------------------------------------------------------------------------- the loop
+def _device_sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _RankRun:
+    """One rank's model, optimizer and synchronization for one :class:`TrainOptions`."""
+
+    def __init__(self, ctx, options: TrainOptions, workload) -> None:
+        from igrt.synchronizer import Synchronizer, build_param_infos, named_parameters
+
+        self.ctx, self.o, self.w = ctx, options, workload
+        self.model = workload.model.to(ctx.device)
+        infos = build_param_infos(named_parameters(self.model))
+        if options.plan is not None:
+            check_plan(options.plan, infos, where=options.plan_path or "SyncPlan")
+        torch.manual_seed(rank_seed(options.seed, ctx.rank))
+        self.optimizer = workload.optimizer(self.model)
+        self.hook = None
+        self.forward_model = self.model
+        if options.integration == "sync":
+            self.sync = Synchronizer(self.model, config=options.config, plan=options.plan, param_infos=infos)
+        else:
+            from torch.nn.parallel import DistributedDataParallel
+
+            from igrt.ddp_hook import ImportanceHookState, importance_hook
+
+            ids = [ctx.device] if ctx.device.type == "cuda" else None
+            self.forward_model = DistributedDataParallel(self.model, device_ids=ids)
+            self.hook = ImportanceHookState(
+                self.forward_model, config=options.config, plan=options.plan, param_infos=infos
+            )
+            self.forward_model.register_comm_hook(self.hook, importance_hook)
+            self.sync = self.hook.sync
+        self.meta = {
+            "workload": options.workload,
+            "tiny": bool(options.tiny),
+            "seed": int(options.seed),
+            "batch_size": int(options.batch_size),
+            "grad_accum": int(options.grad_accum),
+            "integration": options.integration,
+            "config": options.config.to_dict(),
+            "plan_fingerprint": options.plan.fingerprint if options.plan is not None else None,
+        }
+
+    def resume(self) -> int:
+        o = self.o
+        start = load_checkpoint(
+            o.resume,
+            model=self.model,
+            optimizer=self.optimizer,
+            sync=self.sync,
+            rank=self.ctx.rank,
+            world_size=self.ctx.world_size,
+            meta=self.meta,
+        )
+        if start >= o.steps:
+            raise ValueError(
+                f"--resume {o.resume}: the checkpoint is at step {start}; --steps {o.steps} is done"
+            )
+        return start
+
+    def save(self, directory: Path, done: int) -> None:
+        save_checkpoint(
+            directory,
+            step=done,
+            model=self.model,
+            optimizer=self.optimizer,
+            sync=self.sync,
+            rank=self.ctx.rank,
+            world_size=self.ctx.world_size,
+            meta=self.meta,
+        )
+
+    def evaluate(self, step: int, **extra: Any) -> list[dict[str, Any]]:
+        """Rank 0 evaluates (the others wait at a barrier, outside every step's timing)."""
+        out = [{"step": step, **extra, **self.w.evaluate(self.model)}] if self.ctx.rank == 0 else []
+        _barrier(self.ctx.world_size)
+        return out
+
+    def step(self, batches) -> StepMetrics:
+        """One optimizer step; its row with compute / step / exposed times filled (see docs/runtime.md)."""
+        o, device = self.o, self.ctx.device
+        _device_sync(device)
+        t0 = time.perf_counter()
+        loss_sum = 0.0
+        for m in range(o.grad_accum):
+            quiet = self.hook is not None and m < o.grad_accum - 1
+            with self.forward_model.no_sync() if quiet else contextlib.nullcontext():
+                loss = self.w.loss(self.forward_model, next(batches))
+                (loss / o.grad_accum).backward()
+            loss_sum += float(loss.detach()) / o.grad_accum
+        _device_sync(device)
+        t1 = time.perf_counter()
+        if self.hook is None:
+            row = self.sync.step(compute_s=t1 - t0)
+            exposed_s = row.exposed_comm_s  # blocking: every collective's time is exposed
+        else:
+            exposed_s = _hook_exposed_s(self.hook, t1)
+            (row,) = self.hook.finish_step()
+        t2 = time.perf_counter()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        _device_sync(device)
+        t3 = time.perf_counter()
+        # sync: compute = forward + backward + optimizer. ddp-hook: the hook works inside backward,
+        # so everything but the exposed tail counts as compute.
+        compute_s = (t1 - t0) + (t3 - t2) if self.hook is None else (t3 - t0) - exposed_s
+        extra = {**row.extra, "forward_backward_s": t1 - t0, "optimizer_s": t3 - t2, "loss": loss_sum}
+        return dataclasses.replace(
+            row, compute_s=compute_s, step_s=t3 - t0, exposed_comm_s=exposed_s, extra=extra
+        )
+
+    def flush(self) -> StepMetrics:
+        """Send every residual and apply it with one more optimizer step."""
+        row = self.sync.flush()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return row
+
+
+def _hook_exposed_s(state, backward_end: float) -> float:
+    """ddp-hook: seconds from the last collective's launch to the end of backward (DDP waits for
+    every bucket there). Reads the hook state's pending step (it has no public accessor)."""
+    starts = [a for cur in getattr(state, "_pending", []) for a, _ in cur.get("intervals", [])]
+    return max(0.0, backward_end - max(starts)) if starts else 0.0
+
+
+def train_on_rank(ctx, options: TrainOptions, *, workload=None) -> RankOutcome:
+    """Run ``options`` on this rank (inside a process group set up by :func:`igrt.launch.launch`).
+
+    ``workload`` reuses an already built one (its model is trained in place). Rows of every rank
+    are gathered to rank 0 at the end; rank 0 writes the outputs when ``options.out`` is set.
+    Raises ValueError (on every rank alike) for a plan that does not match the model or a bad
+    checkpoint.
+    """
+    from tqdm import tqdm
+
+    from igrt.workloads import make_workload
+
+    o = options
+    w = workload if workload is not None else make_workload(o.workload, tiny=o.tiny, seed=o.seed)
+    run = _RankRun(ctx, o, w)
+    start = run.resume() if o.resume else 0
+    batches = w.train_batches(ctx.rank, ctx.world_size, o.batch_size)
+    for _ in range(start * o.grad_accum):  # replay the data streams up to the checkpoint
+        next(batches)
+    evals = run.evaluate(0) if o.evaluate and start == 0 else []
+    ckpt_dir = Path(o.out) / "checkpoint" if o.out else None
+    desc = f"train {o.workload} {o.config.policy}"
+    bar = tqdm(total=o.steps, initial=start, desc=desc, disable=ctx.rank != 0 or not o.progress)
+    log, train_s = MetricsLog(), 0.0
+    for done in range(start + 1, o.steps + 1):
+        row = run.step(batches)
+        log.append(row)
+        train_s += row.step_s
+        bar.update(1)
+        bar.set_postfix(loss=f"{row.extra['loss']:.3f}", kB=f"{row.wire_bytes / 1e3:.0f}")
+        if o.evaluate and o.eval_every and done % o.eval_every == 0 and done < o.steps:
+            evals += run.evaluate(done)
+        if ckpt_dir is not None and (
+            done == o.steps or (o.checkpoint_every and done % o.checkpoint_every == 0)
+        ):
+            run.save(ckpt_dir, done)  # the last one before the flush: a resumed run continues it
+    bar.close()
+    flush_row = run.flush()
+    if o.evaluate:
+        evals += run.evaluate(o.steps, after_flush=True)
+    rows, flush_rows = _gather(ctx, list(log), [flush_row])
+    outcome = RankOutcome(
+        rank=ctx.rank,
+        start_step=start,
+        rows=tuple(rows),
+        flush_rows=tuple(flush_rows),
+        evals=tuple(evals),
+        train_s=train_s,
+    )
+    if o.out and ctx.rank == 0:
+        _write_outputs(Path(o.out), options=o, outcome=outcome, model=run.model, ctx=ctx)
+    _barrier(ctx.world_size)
+    return outcome
+
+
+def _gather(ctx, rows: list[StepMetrics], flush_rows: list[StepMetrics]):
+    """Every rank's rows on rank 0, sorted by (step, rank); empty lists elsewhere."""
+    if ctx.world_size == 1:
+        return rows, flush_rows
+    got: list[Any] = [None] * ctx.world_size if ctx.rank == 0 else None  # type: ignore[assignment]
+    dist.gather_object((rows, flush_rows), got, dst=0)
+    if ctx.rank != 0:
+        return [], []
+    all_rows = sorted((r for rs, _ in got for r in rs), key=lambda r: (r.step, r.rank))
+    all_flush = sorted((r for _, fs in got for r in fs), key=lambda r: r.rank)
+    return all_rows, all_flush
+
+
+# --------------------------------------------------------------------------- summaries
+def step_statistics(
+    rows: list[StepMetrics] | tuple[StepMetrics, ...], *, warmup_steps: int = 1
+) -> dict[str, Any]:
+    """Per-step aggregates of StepMetrics rows (every rank's).
+
+    Bytes are per rank per step (mean over ranks), by kind; ``peak_to_median`` is the largest
+    step's wire bytes over the median step's. Times: a step takes as long as its slowest rank
+    (``step_s``); phase times are means over ranks; the first ``warmup_steps`` steps are left out
+    of the times (not of the bytes) when there are more steps than that.
+    """
+    steps = sorted({r.step for r in rows})
+    if not steps:
+        return {"num_steps": 0}
+    by_step = {s: [r for r in rows if r.step == s] for s in steps}
+    kinds = ("values_bytes", "indices_bytes", "dense_bytes", "metadata_bytes", "wire_bytes", "low_bytes")
+    per_step = {k: np.array([np.mean([getattr(r, k) for r in by_step[s]]) for s in steps]) for k in kinds}
+    wire = per_step["wire_bytes"]
+    timed = steps[warmup_steps:] if len(steps) > warmup_steps else steps
+
+    def mean_time(get) -> float | None:
+        """Mean over timed steps of the mean over ranks; None when no row has the value."""
+        means = [np.mean(v) for s in timed if (v := [x for r in by_step[s] if (x := get(r)) is not None])]
+        return float(np.mean(means)) if means else None
+
+    step_s = float(np.mean([max(r.step_s for r in by_step[s]) for s in timed]))
+    median = float(np.median(wire))
+    return {
+        "num_steps": len(steps),
+        "bytes_per_step": {k: float(v.mean()) for k, v in per_step.items()},
+        "peak_step_bytes": float(wire.max()),
+        "median_step_bytes": median,
+        "peak_to_median": float(wire.max() / median) if median > 0 else None,  # None: median step sends 0
+        "num_collectives_per_step": float(np.mean([r.num_collectives for r in rows])),
+        "bucket_imbalance_mean": float(np.mean([r.bucket_imbalance for r in rows])),
+        "bucket_imbalance_max": float(max(r.bucket_imbalance for r in rows)),
+        "timed_steps": len(timed),
+        "step_s_mean": step_s,
+        "steps_per_s": 1.0 / step_s if step_s > 0 else None,
+        "compute_s_mean": mean_time(lambda r: r.compute_s),
+        "comm_s_mean": mean_time(lambda r: r.comm_s),
+        "exposed_comm_s_mean": mean_time(lambda r: r.exposed_comm_s),
+        # a step that selected nothing has no select phase: 0 s where the row has a sync time
+        "sparsifier_s_mean": mean_time(
+            lambda r: r.extra.get("select_s", 0.0 if "sync_s" in r.extra else None)
+        ),
+        "sync_s_mean": mean_time(lambda r: r.extra.get("sync_s")),  # None under ddp-hook
+    }
+
+
+def _write_outputs(out: Path, *, options: TrainOptions, outcome: RankOutcome, model, ctx) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    log = MetricsLog()
+    for r in outcome.rows:
+        log.append(r)
+    log.write_csv(out / "metrics.csv")
+    torch.save(model.state_dict(), out / "model.pt")
+    (out / "eval.json").write_text(json.dumps(list(outcome.evals), indent=2) + "\n")
+    last = [r for r in outcome.rows if r.step == options.steps - 1]
+    flush = {
+        k: sum(getattr(r, k) for r in outcome.flush_rows) / max(len(outcome.flush_rows), 1)
+        for k in ("values_bytes", "indices_bytes", "dense_bytes", "metadata_bytes", "wire_bytes")
+    }
+    flush["time_s"] = max((r.extra.get("sync_s", 0.0) for r in outcome.flush_rows), default=0.0)
+    plan = options.plan
+    summary = {
+        "command": options.command,
+        "workload": options.workload,
+        "tiny": options.tiny,
+        "seed": options.seed,
+        "world_size": ctx.world_size,
+        "backend": ctx.backend,
+        "integration": options.integration,
+        "steps": options.steps,
+        "start_step": outcome.start_step,
+        "batch_size": options.batch_size,
+        "grad_accum": options.grad_accum,
+        "config": options.config.to_dict(),
+        "plan": None
+        if plan is None
+        else {
+            "path": options.plan_path,
+            "fingerprint": plan.fingerprint,
+            "release_period": plan.release_period,
+            "num_components": len(plan.components),
+            "num_low": len(plan.low),
+        },
+        "stats": step_statistics(outcome.rows),
+        "flush_bytes_per_rank": flush,
+        "train_s": outcome.train_s,
+        "final_loss": float(np.mean([r.extra["loss"] for r in last])) if last else None,
+        "eval": {"history": list(outcome.evals), "final": outcome.evals[-1] if outcome.evals else None},
+        "files": ["metrics.csv", "summary.json", "eval.json", "model.pt", "checkpoint/"],
+    }
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
+    tmp.replace(out / "summary.json")
+
+
+def preflight(options: TrainOptions) -> None:
+    """Refuse to start, before any rank is spawned, when the plan does not match the model (the
+    model is built here once to read its parameter names; ranks check again)."""
+    if options.plan is None:
+        return
+    from igrt.synchronizer import build_param_infos, named_parameters
+    from igrt.workloads import make_workload
+
+    w = make_workload(options.workload, tiny=options.tiny, seed=options.seed)
+    check_plan(
+        options.plan, build_param_infos(named_parameters(w.model)), where=options.plan_path or "SyncPlan"
+    )
+
+
+def _train_rank(ctx, options: TrainOptions) -> dict[str, Any]:
+    outcome = train_on_rank(ctx, options)
+    return {"rank": ctx.rank, "train_s": outcome.train_s}
+
+
+def train(
+    options: TrainOptions, *, nproc: int, backend: str = "auto", timeout_s: float = 600.0
+) -> dict[str, Any]:
+    """Run ``options`` on ``nproc`` spawned ranks (or this torchrun rank); returns rank 0's summary
+    (read back from ``summary.json``; an empty dict on other torchrun ranks or without ``out``)."""
+    from igrt.launch import launch
+
+    preflight(options)
+    results = launch(_train_rank, nproc=nproc, backend=backend, args=(options,), timeout_s=timeout_s)
+    if 0 not in results or not options.out:
+        return {}
+    return json.loads((Path(options.out) / "summary.json").read_text())

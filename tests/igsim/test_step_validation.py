@@ -1,0 +1,50 @@
+"""igsim.step_validation: the per-policy comparison on hand-made runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from igsim import step_validation as sv
+
+
+def _rows(comm_by_step_and_rank, *, step_s=1.0, wire=100.0):
+    return [
+        {"step": s, "rank": r, "comm_s": c, "step_s": step_s + s, "wire_bytes": wire}
+        for s, per_rank in enumerate(comm_by_step_and_rank)
+        for r, c in enumerate(per_rank)
+    ]
+
+
+def test_compare_steps_hand_case():
+    # dense: ranks wait for each other (0.9..1.0) but the network part is 0.5; the replay says 0.55
+    real_dense = _rows([[9.0, 9.0], [0.5, 1.5], [0.5, 0.7]], step_s=10.0)
+    sim_dense = _rows([[0.55], [0.55], [0.55]], step_s=5.0)
+    real_topk = _rows([[9.0, 9.0], [0.1, 0.3], [0.1, 0.3]], step_s=2.0, wire=10.0)
+    sim_topk = _rows([[0.08], [0.08], [0.08]], step_s=1.0, wire=10.0)
+    rep = sv.compare_steps({"dense": (real_dense, sim_dense), "topk": (real_topk, sim_topk)}, skip_steps=1)
+    d, t = rep["policies"]["dense"], rep["policies"]["topk"]
+    assert d["steps"] == 2
+    assert d["measured_comm_min_over_ranks_s"] == pytest.approx(0.5)
+    assert d["measured_comm_mean_over_ranks_s"] == pytest.approx((1.0 + 0.6) / 2)
+    assert d["error_vs_min"] == pytest.approx(0.1)
+    assert t["error_vs_min"] == pytest.approx(-0.2)
+    assert rep["mean_abs_error_vs_min"] == pytest.approx(0.15)
+    assert d["measured_wire_bytes"] == d["predicted_wire_bytes"] == 100.0
+    assert rep["kendall_tau_step"] == 1.0 and rep["kendall_tau_comm"] == 1.0
+    assert "dense" in sv.format_steps(rep)
+
+
+def test_compare_steps_needs_common_steps():
+    with pytest.raises(ValueError, match="no step"):
+        sv.compare_steps({"dense": (_rows([[1.0]]), _rows([[1.0]]))}, skip_steps=1)
+
+
+def test_read_metrics_rejects_other_files(tmp_path):
+    f = tmp_path / "m.csv"
+    f.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="StepMetrics"):
+        sv.read_metrics(f)
+    f.write_text("step,rank,source,comm_s\n0,0,real,0.5\n")
+    assert sv.read_metrics(f) == [{"step": 0.0, "rank": 0.0, "comm_s": 0.5}]
+    with pytest.raises(ValueError, match="no such"):
+        sv.read_metrics(tmp_path / "none.csv")

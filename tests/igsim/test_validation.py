@@ -1,0 +1,190 @@
+"""igsim.validation: the fit recovers known parameters exactly; error statistics on hand cases."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from igsim import validation as v
+from igsim.calibration import Calibration
+
+MiB, KiB = 1 << 20, 1 << 10
+STAR = v.TestbedDescription(num_ranks=4, rate_bytes_per_s=12.5e6, burst_s=0.002)
+TWO_LEVEL = v.TestbedDescription(
+    num_ranks=4, rate_bytes_per_s=12.5e6, two_level=True, uplink_rate_bytes_per_s=6.25e6
+)
+HETERO = v.TestbedDescription(
+    num_ranks=4, rate_bytes_per_s=12.5e6, slow_rank=3, slow_rate_bytes_per_s=3.125e6
+)
+
+SPECS = [  # (name, op, role, size_bytes or sizes_bytes)
+    ("p2p-64B", "p2p", "calibration", 64),
+    ("all_reduce-4KiB", "all_reduce", "calibration", 4 * KiB),
+    ("all_gather-16KiB", "all_gather", "calibration", 16 * KiB),
+    ("all_reduce-2MiB", "all_reduce", "calibration", 2 * MiB),
+    ("all_gather-2MiB", "all_gather", "calibration", 2 * MiB),
+    ("p2p-2MiB", "p2p", "calibration", 2 * MiB),
+    ("all_reduce-1MiB", "all_reduce", "validation", 1 * MiB),
+    ("reduce_scatter-1MiB", "reduce_scatter", "validation", 1 * MiB),
+    ("broadcast-1MiB", "broadcast", "validation", 1 * MiB),
+    ("sparse-skew", "sparse_all_gather", "validation", (8 * KiB, 16 * KiB, 0, 64 * KiB)),
+]
+
+
+def _cases(truth: v.Fit, tb: v.TestbedDescription) -> list[v.Case]:
+    """Synthetic measurements: every case's time is the model's prediction under ``truth``."""
+    topo = v.testbed_topology(tb)
+    out = []
+    for name, op, role, size in SPECS:
+        shape = {"sizes_bytes": size} if isinstance(size, tuple) else {"size_bytes": size}
+        case = v.Case(name=name, op=op, role=role, times_s=(1.0,), **shape)
+        t = v.predict_case(case, topo, truth, burst_s=tb.burst_s)
+        out.append(v.Case(name=name, op=op, role=role, times_s=(t * 0.9, t, t * 1.3), **shape))
+    return out
+
+
+@pytest.mark.parametrize("tb", [STAR, TWO_LEVEL, HETERO], ids=["star", "two-level", "hetero"])
+def test_fit_recovers_known_alpha_and_bandwidths_exactly(tb):
+    truth = v.Fit(alpha_s=4.2e-4, duplex_factor=0.87, simplex_factor=0.955)
+    cases = _cases(truth, tb)
+    got = v.fit(cases, v.testbed_topology(tb), burst_s=tb.burst_s)
+    assert got.alpha_s == pytest.approx(truth.alpha_s, rel=1e-6)
+    assert got.duplex_factor == pytest.approx(truth.duplex_factor, rel=1e-6)
+    assert got.simplex_factor == pytest.approx(truth.simplex_factor, rel=1e-6)
+    report = v.build_report(cases, v.testbed_topology(tb), got, burst_s=tb.burst_s)
+    assert all(abs(r["error"]) < 1e-5 for r in report["cases"])
+
+
+def test_fit_reads_only_calibration_cases():
+    truth = v.Fit(alpha_s=3e-4, duplex_factor=0.9, simplex_factor=0.95)
+    cases = _cases(truth, STAR)
+    spoiled = [
+        c if c.role == v.CALIBRATION else v.Case(name=c.name, op=c.op, role=c.role, times_s=(9.9,),
+                                                  size_bytes=c.size_bytes, sizes_bytes=c.sizes_bytes)
+        for c in cases
+    ]  # fmt: skip
+    topo = v.testbed_topology(STAR)
+    assert v.fit(spoiled, topo, burst_s=STAR.burst_s) == v.fit(cases, topo, burst_s=STAR.burst_s)
+
+
+def test_fit_needs_small_and_large_cases():
+    cases = [
+        c for c in _cases(v.Fit(alpha_s=1e-4, duplex_factor=1, simplex_factor=1), STAR) if c.bytes > 64 * KiB
+    ]
+    with pytest.raises(ValueError, match="alpha"):
+        v.fit(cases, v.testbed_topology(STAR))
+
+
+def test_calibration_and_validation_must_be_disjoint():
+    a = v.Case(name="a", op="all_reduce", role="calibration", times_s=(1.0,), size_bytes=1024)
+    b = v.Case(name="b", op="all_reduce", role="validation", times_s=(1.0,), size_bytes=1024)
+    with pytest.raises(ValueError, match=r"overlap.*'a', 'b'"):
+        v.check_disjoint([a, b])
+    v.check_disjoint(
+        [a, v.Case(name="c", op="all_gather", role="validation", times_s=(1.0,), size_bytes=1024)]
+    )
+
+
+def test_kendall_tau_hand_cases():
+    assert v.kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert v.kendall_tau([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
+    assert v.kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)  # 2 concordant, 1 discordant
+    # tau-b with a tie on one side: C=2, D=0, ties only in y: 1 -> 2 / sqrt(3 * 2)
+    assert v.kendall_tau([1, 2, 3], [1, 2, 2]) == pytest.approx(2 / math.sqrt(6))
+    assert math.isnan(v.kendall_tau([1, 1], [1, 2]))
+    with pytest.raises(ValueError):
+        v.kendall_tau([1], [1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), min_size=2, max_size=12))
+def test_kendall_tau_matches_scipy(pairs):
+    xs, ys = zip(*pairs)
+    ours = v.kendall_tau(xs, ys)
+    ref = stats.kendalltau(xs, ys).statistic  # tau-b
+    assert (math.isnan(ours) and math.isnan(ref)) or ours == pytest.approx(ref, abs=1e-12)
+
+
+def test_mape_and_report_statistics_on_hand_cases():
+    assert v.mean_abs_pct_error([0.1, -0.2, 0.0]) == pytest.approx(0.1)
+    cases = [
+        v.Case(name="cal", op="all_reduce", role="calibration", times_s=(1.0,), size_bytes=1 * MiB),
+        v.Case(name="ar1", op="all_reduce", role="validation", times_s=(1.0, 2.0, 3.0), size_bytes=2 * MiB),
+        v.Case(name="ar2", op="all_reduce", role="validation", times_s=(4.0,), size_bytes=4 * MiB),
+        v.Case(name="bc", op="broadcast", role="validation", times_s=(10.0,), size_bytes=512 * KiB),
+        v.Case(name="bc-small", op="broadcast", role="validation", times_s=(1.0,), size_bytes=1 * KiB),
+    ]
+    preds = {"cal": 5.0, "ar1": 2.2, "ar2": 3.0, "bc": 10.5, "bc-small": 3.0}
+    topo = v.testbed_topology(STAR)
+    fit = v.Fit(alpha_s=0, duplex_factor=1, simplex_factor=1)
+    rep = v.build_report(cases, topo, fit, predictor=lambda c: preds[c.name])
+    rows = {r["name"]: r for r in rep["cases"]}
+    assert rows["ar1"]["measured_median_s"] == 2.0 and rows["ar1"]["error"] == pytest.approx(0.1)
+    assert rows["ar1"]["spread"] == pytest.approx(1.0)
+    assert rows["cal"]["role"] == "calibration"
+    fam = rep["families"]["all_reduce"]
+    assert fam["num_cases"] == 2 and fam["mape"] == pytest.approx((0.1 + 0.25) / 2)
+    assert fam["worst_case"] == "ar2" and fam["worst_error"] == pytest.approx(-0.25)
+    assert fam["kendall_tau"] == 1.0
+    dense = rep["dense_large"]  # >= 256 KiB: ar1, ar2, bc (not bc-small, not the calibration case)
+    assert dense["num_cases"] == 3 and dense["mape"] == pytest.approx((0.1 + 0.25 + 0.05) / 3)
+    assert dense["meets_mean"] is False and dense["meets_worst"] is False
+
+
+def test_topologies_of_the_testbed_variants():
+    two = v.testbed_topology(TWO_LEVEL)
+    assert "uplink" in {two.link(u, w)["link_class"] for u, w in two.path_links("r0", "r3")}
+    assert two.path("r0", "r1") == ("r0", "br0", "r1")
+    het = v.testbed_topology(HETERO)
+    assert het.path_bandwidth_bytes_per_s("r0", "r3") == 3.125e6
+
+
+def test_load_measurements_errors_name_the_file(tmp_path):
+    bad = tmp_path / "m.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match=r"m\.json"):
+        v.load_measurements(bad)
+    bad.write_text(
+        json.dumps({"testbed": {"num_ranks": 4, "rate_bytes_per_s": 1e6, "colour": 1}, "cases": []})
+    )
+    with pytest.raises(ValueError, match="colour"):
+        v.load_measurements(bad)
+    with pytest.raises(ValueError, match="no such"):
+        v.load_measurements(tmp_path / "missing.json")
+
+
+def test_report_command_end_to_end(tmp_path):
+    """The igsim half of `igrt validate`, as igrt runs it: a subprocess on a measurement file."""
+    truth = v.Fit(alpha_s=5e-4, duplex_factor=0.9, simplex_factor=0.96)
+    cases = _cases(truth, STAR)
+    doc = {
+        "testbed": {"num_ranks": 4, "rate_bytes_per_s": 12.5e6, "two_level": False, "uplink_rate_bytes_per_s": None,
+                    "slow_rank": None, "slow_rate_bytes_per_s": None, "mtu": 1500, "burst_s": 0.002},
+        "command": "synthetic",
+        "cases": [{"name": c.name, "op": c.op, "role": c.role, "size_bytes": c.size_bytes,
+                   "sizes_bytes": list(c.sizes_bytes), "times_s": list(c.times_s)} for c in cases],
+    }  # fmt: skip
+    path = tmp_path / "measurements.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "igsim.cmd_validate_report", str(path), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "dense >= 256 KiB" in proc.stdout and "calib" in proc.stdout and "valid" in proc.stdout
+    cal = Calibration.load(out / "calibration.json")
+    assert cal.for_class("nic").alpha_s == pytest.approx(5e-4, rel=1e-6)
+    assert cal.for_class("nic").effective_bandwidth_factor == pytest.approx(0.9, rel=1e-6)
+    report = json.loads((out / "report.json").read_text())
+    assert {r["role"] for r in report["cases"]} == {"calibration", "validation"}
+    assert report["dense_large"]["mape"] < 1e-5
