@@ -175,9 +175,10 @@ def _execute(net: Network, s: Schedule, names: list[str]):
         if not left:
             all_done.succeed()
 
-    for m in range(count):
-        if not pending[m]:
-            launch(m)
+    # snapshot the roots first: an empty message arrives inside send(), which can bring another
+    # message's pending count to zero while this loop runs (it is then launched by on_arrival)
+    for m in [m for m in range(count) if not pending[m]]:
+        launch(m)
     if count:
         yield all_done
     end = max([env.now] + [arrived[m] + delay for m, delay in s.tails])

@@ -315,3 +315,13 @@ def test_cli_collective_reports_nccl_bus_bandwidth(capsys):
 def test_cli_collective_errors_exit_2(capsys, argv, message):
     assert main(["collective", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_empty_messages_do_not_launch_twice():
+    """Regression (found by hypothesis): empty blocks arrive inside send(); a message whose deps all
+    arrived that way was launched twice and ended the collective early."""
+    ks = [0.0, 0.0, 1.0]
+    kw = {"sizes_bytes": ks, "alpha_s": 0.0, "bandwidth_bytes_per_s": 1e6}
+    ring = _flow(CollectiveSpec(op="sparse_all_gather", algorithm="ring", sizes_bytes=ks), 3, 0.0, 1e6)
+    _same(ring, af.ring_allgatherv_s(**kw))
+    assert ring == pytest.approx(2e-6)
