@@ -219,7 +219,7 @@ def measure_on_testbed(
         testbed.check_support()
     except testbed.TestbedError as e:
         raise ValueError(f"igrt validate: {e}") from None
-    t0 = time.time()
+    t0, date = time.time(), time.strftime("%Y-%m-%d %H:%M:%S")
     with testbed.Testbed(spec):
         measured = netmeasure.measure(cases, spec=spec, reps=reps, warmup=warmup, timeout_s=timeout_s)
         wall = time.time() - t0
@@ -240,7 +240,7 @@ def measure_on_testbed(
         "reps": reps,
         "warmup": warmup,
         "host": measured.get("host", ""),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "date": date,
         "wall_s": wall,
         "cases": merged,
     }

@@ -13,6 +13,7 @@ COMMANDS = {
     "sweep": ("igsim.cmd_sweep", "sweep bandwidths x world sizes x policies, in parallel"),
     "collective": ("igsim.cmd_collective", "predict the time of one collective"),
     "validate-against": ("igsim.cmd_validate", "compare a prediction with a runtime measurement"),
+    "validate-report": ("igsim.cmd_validate_report", "fit a calibration to testbed measurements and report errors"),
 }
 
 
