@@ -77,6 +77,8 @@ class TraceRecorder:
     - ``rows_per_part``: rows per Parquet part (fewer, larger parts for shipped traces).
     - ``extra``: merged into the manifest's ``extra``.
 
+    ``params`` holds the recorded parameters as ``ParamInfo`` (component keys from
+    :func:`igpolicy.components.param_infos`); ``component_report`` lists names no rule recognised.
     Raises ValueError when ``directory`` already holds this rank's parts (or, on rank 0, a manifest).
     """
 

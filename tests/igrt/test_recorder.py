@@ -224,6 +224,7 @@ def test_launch_names_the_failing_rank():
 
 
 # ------------------------------------------------------------------------------ igrt record
+@pytest.mark.slow
 @pytest.mark.parametrize("workload", ["minilm", "gpt"])
 def test_igrt_record_tiny_two_ranks(tmp_path, workload, capsys):
     from igrt.cli import main
