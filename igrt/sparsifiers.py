@@ -68,6 +68,11 @@ def _topk_nonzero(mag: torch.Tensor, k: int) -> torch.Tensor:
         return _empty(mag)
     if k == mag.numel():
         return torch.arange(k, device=mag.device, dtype=torch.int64)
+    if k == nnz:  # every non-zero goes: no ranking needed
+        return torch.nonzero(mag, as_tuple=True)[0]
+    if 4 * nnz < mag.numel():  # mostly zeros (row-sparse embedding grads): rank the non-zeros only
+        nz = torch.nonzero(mag, as_tuple=True)[0]
+        return nz[torch.topk(mag[nz], k, sorted=False).indices]
     return torch.topk(mag, k, sorted=False).indices
 
 
