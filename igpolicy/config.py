@@ -98,6 +98,7 @@ class PolicyConfig:
         def bad(key: str, value: object, why: str) -> ValueError:
             return ValueError(f"policy config: {key}={value!r} {why}")
 
+        self._check_types(bad)
         if self.policy not in POLICIES:
             raise bad("policy", self.policy, f"is not one of {', '.join(POLICIES)}")
         if self.sparsifier not in SPARSIFIERS:
@@ -124,6 +125,34 @@ class PolicyConfig:
             raise bad("index_bytes", self.index_bytes, "must be 4 (int32) or 8 (int64)")
         if self.value_bytes not in (2, 4):
             raise bad("value_bytes", self.value_bytes, "must be 2 (bf16/fp16) or 4 (fp32)")
+
+    def _check_types(self, bad) -> None:
+        """Each field has its declared type (bool is not an int; an int is a valid float)."""
+
+        def is_int(v: object) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def is_number(v: object) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+        for key in ("policy", "sparsifier", "packing", "collective"):
+            if not isinstance(getattr(self, key), str):
+                raise bad(key, getattr(self, key), "must be a string")
+        for key in ("release_period", "bucket_cap_bytes", "index_bytes", "value_bytes", "seed"):
+            if not is_int(getattr(self, key)):
+                raise bad(key, getattr(self, key), "must be an integer")
+        if self.num_buckets is not None and not is_int(self.num_buckets):
+            raise bad("num_buckets", self.num_buckets, "must be an integer or null")
+        for key in ("staggered", "skip_unsent"):
+            if not isinstance(getattr(self, key), bool):
+                raise bad(key, getattr(self, key), "must be true or false")
+        if not is_number(self.density):
+            raise bad("density", self.density, "must be a number")
+        if not isinstance(self.density_per_kind, Mapping):
+            raise bad("density_per_kind", self.density_per_kind, "must be a mapping of kind -> density")
+        for kind, d in dict(self.density_per_kind).items():
+            if not is_number(d):
+                raise bad(f"density_per_kind[{kind}]", d, "must be a number")
 
     def density_for(self, kind: str) -> float:
         """The sparsifier density for a component kind (1.0 for the dense policy)."""

@@ -202,8 +202,10 @@ class SyncPlan:
             data = json.loads(path.read_text())
         except FileNotFoundError:
             raise ValueError(f"{path}: no such SyncPlan file") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise ValueError(f"{path}: not valid JSON ({type(e).__name__}: {e})") from None
+        except OSError as e:
+            raise ValueError(f"{path}: cannot read the SyncPlan file ({e.strerror or e})") from None
         return cls.from_json(data, where=str(path))
 
 

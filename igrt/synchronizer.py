@@ -161,7 +161,11 @@ class Synchronizer:
         self.world_size = comm.world_size(group)
         self.rank = dist.get_rank(group) if self.world_size > 1 or dist.is_initialized() else 0
         self.device = next(iter(self.params.values())).device
-        self.phases = release_phases(plan=plan, config=config, component_keys=[i.component for i in infos])
+        try:  # a plan that does not fit the model must fail on every rank, not hang the others
+            self.phases = release_phases(plan=plan, config=config, component_keys=[i.component for i in infos])
+            plan_error: ValueError | None = None
+        except ValueError as e:
+            self.phases, plan_error = {}, e
         self.sparsifier = sparsifier if sparsifier is not None else default_sparsifier(config)
         self.index_dtype, self.value_dtype = wire_dtypes(config)
         self.residuals = ResidualState(track_sums=track_sums)
@@ -179,13 +183,22 @@ class Synchronizer:
         self.fingerprint = fingerprint_parts(
             plan=plan, config=config, infos=infos, sparsifier=self.sparsifier
         )
-        self._check_agreement()
+        try:
+            self._check_agreement(plan_fits="no" if plan_error else "yes")
+        except ValueError as e:
+            raise ValueError(f"{e}; {plan_error}" if plan_error else str(e)) from None
+        if plan_error is not None:
+            raise plan_error
 
     # ------------------------------------------------------------------ start-up
-    def _check_agreement(self) -> None:
-        """All-gather the fingerprint; raise ValueError on every rank naming what differs."""
+    def _check_agreement(self, *, plan_fits: str = "yes") -> None:
+        """All-gather the fingerprint (and whether the plan fits this rank's model); raise ValueError
+        on every rank naming what differs."""
         comm.check_agreement(
-            self.fingerprint, group=self.group, device=self.device, who=f"Synchronizer (rank {self.rank})"
+            {**self.fingerprint, "plan_fits_model": plan_fits},
+            group=self.group,
+            device=self.device,
+            who=f"Synchronizer (rank {self.rank})",
         )
 
     # ------------------------------------------------------------------ one step

@@ -20,21 +20,39 @@ from igsim.topology import Topology, apply_link_overrides, leaf_spine, ring, sta
 
 __all__ = ["load_topology"]
 
+MAX_COUNT = 1 << 16  # ranks, nodes, spines: a file asking for more is a mistake, not a cluster
+
+
+def _count(value: Any) -> int:
+    """A count from a file: an integer (not a bool, not a float) in [1, MAX_COUNT]."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"must be an integer, got {value!r}")
+    if not 1 <= value <= MAX_COUNT:
+        raise ValueError(f"must be in [1, {MAX_COUNT}], got {value}")
+    return value
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, got {value!r}")
+    return value
+
+
 # file key -> (builder argument, parser); bandwidths and latencies take units ("100Gbps", "2us")
 _FILE_PARAMS: dict[str, tuple[str, Any]] = {
-    "num_ranks": ("num_ranks", int),
+    "num_ranks": ("num_ranks", _count),
     "bandwidth": ("bandwidth_bytes_per_s", parse_bandwidth),
     "latency": ("latency_s", parse_time),
     "link_class": ("link_class", str),
-    "num_nodes": ("num_nodes", int),
-    "ranks_per_node": ("ranks_per_node", int),
+    "num_nodes": ("num_nodes", _count),
+    "ranks_per_node": ("ranks_per_node", _count),
     "intra_bandwidth": ("intra_bandwidth_bytes_per_s", parse_bandwidth),
     "intra_latency": ("intra_latency_s", parse_time),
     "inter_bandwidth": ("inter_bandwidth_bytes_per_s", parse_bandwidth),
     "inter_latency": ("inter_latency_s", parse_time),
-    "shared_nic": ("shared_nic", bool),
-    "ranks_per_leaf": ("ranks_per_leaf", int),
-    "num_spines": ("num_spines", int),
+    "shared_nic": ("shared_nic", _flag),
+    "ranks_per_leaf": ("ranks_per_leaf", _count),
+    "num_spines": ("num_spines", _count),
     "oversubscription": ("oversubscription", float),
 }
 _BUILDERS: dict[str, tuple[Any, frozenset[str], frozenset[str]]] = {  # fn, required, optional
@@ -86,7 +104,12 @@ def _link_attrs(item: Mapping[str, Any], *, where: str, partial_ok: bool) -> dic
 
 
 def _read(path: Path) -> Any:
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"topology file {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"topology file {path}: cannot read ({e})") from None
     try:
         if path.suffix == ".json":
             import json
@@ -126,10 +149,18 @@ def load_topology(path: str | Path) -> Topology:
     where = f"topology file {path}"
     if not isinstance(data, Mapping):
         raise ValueError(f"{where}: expected a mapping at the top level")
-    if "builder" in data:
-        topo = _from_builder(data, where=where)
-    else:
-        topo = _from_links(data, where=where)
+    try:
+        if "builder" in data:
+            if not isinstance(data["builder"], str):
+                raise ValueError(f"{where}: builder must be a name, got {data['builder']!r}")
+            topo = _from_builder(data, where=where)
+        else:
+            for key in ("ranks", "switches", "nics", "groups", "links"):
+                if key in data and not isinstance(data[key], (list, type(None))):
+                    raise ValueError(f"{where}: {key} must be a list, got {data[key]!r}")
+            topo = _from_links(data, where=where)
+    except (TypeError, AttributeError, KeyError) as e:  # a value of the wrong shape deep inside
+        raise ValueError(f"{where}: malformed value ({type(e).__name__}: {e})") from None
     overrides = data.get("overrides") or []
     if not isinstance(overrides, list):
         raise ValueError(f"{where}: overrides must be a list of links")

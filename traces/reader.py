@@ -298,14 +298,18 @@ class _Loader:
             with pq.ParquetFile(path) as pf:
                 schema = pf.schema_arrow
                 meta = pf.metadata
-        except (pa.ArrowException, OSError) as e:
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
             self.bad(path, f"not a readable Parquet file (truncated or corrupt: {_one_line(e)})")
             return None
         problem = _schema_problem(part.table, schema)
         if problem:
             self.bad(path, problem)
             return None
-        lo, hi = _step_range(meta, schema.get_field_index("step"))
+        try:
+            lo, hi = _step_range(meta, schema.get_field_index("step"))
+        except (pa.ArrowException, OSError, UnicodeDecodeError, ValueError) as e:
+            self.bad(path, f"corrupt Parquet footer ({_one_line(e)})")
+            return None
         return _PartMeta(num_rows=meta.num_rows, step_min=lo, step_max=hi)
 
     def load(
@@ -339,7 +343,10 @@ class _Loader:
     def _read_part(self, part: PartName, path: Path) -> dict[str, np.ndarray] | None:
         try:
             arrow = pq.read_table(path)
-        except (pa.ArrowException, OSError) as e:
+            if "param" in arrow.column_names:  # pyarrow checks neither dictionary indices nor UTF-8 on read
+                for chunk in arrow.column("param").chunks:
+                    chunk.validate(full=True)
+        except (pa.ArrowException, OSError, UnicodeDecodeError, IndexError) as e:
             self.bad(path, f"not a readable Parquet file (truncated or corrupt: {_one_line(e)})")
             return None
         for name in arrow.column_names:
@@ -436,7 +443,10 @@ def _step_range(meta: pq.FileMetaData, step_col: int) -> tuple[int | None, int |
     """(min, max) of the step column from row-group statistics, (None, None) when unavailable."""
     lo = hi = None
     for i in range(meta.num_row_groups):
-        stats = meta.row_group(i).column(step_col).statistics
+        column = meta.row_group(i).column(step_col)
+        if column.physical_type != "INT64":  # a corrupt footer: reading its statistics can abort
+            raise ValueError(f"step column has physical type {column.physical_type}, expected INT64")
+        stats = column.statistics
         if stats is None or not stats.has_min_max:
             return None, None
         lo = stats.min if lo is None else min(lo, stats.min)

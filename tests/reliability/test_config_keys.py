@@ -75,7 +75,11 @@ def test_every_bad_key_is_named_at_once() -> None:
     with pytest.raises(ValueError) as info:
         PolicyConfig.from_dict({"policy": "topk", "sparse_gradients": True, "interval": 4, "bogus": 1})
     message = str(info.value)
-    for needle in ("'sparse_gradients' was removed", "'interval' was removed: use 'release_period'", "'bogus'"):
+    for needle in (
+        "'sparse_gradients' was removed",
+        "'interval' was removed: use 'release_period'",
+        "'bogus'",
+    ):
         assert needle in message, message
 
 
@@ -90,7 +94,9 @@ def test_igrt_train_config_file_with_a_removed_key_exits_2_naming_it(tmp_path, c
 
     path = tmp_path / "policy.json"
     path.write_text(json.dumps({"policy": "topk", "bucket_size_mb": 25}))
-    code = main(["train", "--workload", "minilm", "--tiny", "--config", str(path), "--out", str(tmp_path / "r")])
+    code = main(
+        ["train", "--workload", "minilm", "--tiny", "--config", str(path), "--out", str(tmp_path / "r")]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert f"--config {path}" in err and "'bucket_size_mb' was removed: use 'bucket_cap_bytes'" in err, err
@@ -179,7 +185,10 @@ def test_the_topology_fixtures_are_valid(tmp_path, form) -> None:
     [
         ({"gamma": 1e-9}, "unknown key 'gamma'"),
         ({"default": {"alpha": 1e-6}}, "default: unknown key 'alpha'"),
-        ({"link_classes": {"nic": {"bandwidth_factor": 0.9}}}, "link_classes.nic: unknown key 'bandwidth_factor'"),
+        (
+            {"link_classes": {"nic": {"bandwidth_factor": 0.9}}},
+            "link_classes.nic: unknown key 'bandwidth_factor'",
+        ),
     ],
 )
 def test_calibration_names_an_unknown_key(data, needle) -> None:
