@@ -19,7 +19,7 @@ from igpolicy.plan import ComponentPlan, SyncPlan
 from igpolicy.vocab import ComponentClass
 from igrt.checkpoint import load_sync_state, save_sync_state
 from igrt.synchronizer import Synchronizer, build_param_infos, named_parameters
-from tests.igrt.dist_util import DistPool, DistributedFailure
+from tests.igrt.dist_util import DistPool
 from tests.igrt.tiny_model import TinyLM, make_plan
 
 torch.set_num_threads(1)
