@@ -27,6 +27,7 @@ from typing import Any
 
 from igpolicy.config import PACKINGS
 from igrt.workloads import WORKLOADS
+from traces.profiling import profile_trace
 
 __all__ = [
     "BENCH_POLICIES",
@@ -35,7 +36,6 @@ __all__ = [
     "best_imbalance",
     "format_table",
     "policy_statistics",
-    "profile_trace",
     "run",
     "target_report",
 ]
@@ -74,39 +74,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # --------------------------------------------------------------------------- the plan
-def profile_trace(directory: str | Path, *, release_period: int, density: float, method: str = "knee"):
-    """A SyncPlan from a recorded trace with igpolicy + traces (the pipeline of ``igsim profile``):
-    per-parameter series, means over ranks -> component statistics -> scores -> threshold -> plan.
-    Expected bytes per release: nominal k at ``density`` times 8 (int32 index + fp32 value)."""
-    from igpolicy.decide import nominal_k
-    from igpolicy.importance import component_stats_from_params
-    from igpolicy.profile import profile
-    from traces.reader import read_trace
-
-    trace = read_trace(directory)
-    if trace.num_steps == 0:
-        raise ValueError(f"{directory}: the trace has no recorded steps")
-    series = {c: trace.per_param_series(c) for c in ("sel_norm", "overlap", "k", "grad_norm")}
-    present = [p for p in sorted(trace.manifest.params, key=lambda p: p.order) if p.name in series["k"]]
-    names = [p.name for p in present]
-    stats = component_stats_from_params(
-        param_component={p.name: p.component for p in present},
-        param_numel={p.name: p.numel for p in present},
-        **{c: {n: series[c][n] for n in names} for c in series},
-    )
-    expected: dict[str, int] = {}
-    for p in present:
-        expected[p.component] = expected.get(p.component, 0) + nominal_k(p.numel, density) * 8
-    plan, _, _ = profile(
-        stats=stats,
-        expected_bytes=expected,
-        release_period=release_period,
-        method=method,
-        source={"trace": str(directory), "workload": trace.manifest.workload, "num_steps": trace.num_steps},
-    )
-    return plan
-
-
 def _shipped_trace(workload: str, tiny: bool) -> Path | None:
     """The shipped sample trace of ``workload`` when it holds recorded parts (never for --tiny)."""
     if tiny:
@@ -188,7 +155,7 @@ def _bench_rank(ctx, opts: dict[str, Any]) -> dict[str, Any]:
     if plan is None and "importance" in opts["policies"]:
         _record(ctx, w, opts)
         plan_from = f"a {opts['record_steps']}-step recording"
-        plan = profile_trace(
+        plan, _, _ = profile_trace(
             opts["record_dir"],
             release_period=opts["release_period"],
             density=opts["density"],
@@ -299,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
     trace = args.trace or _shipped_trace(args.workload, args.tiny)
     plan = None
     if trace is not None and "importance" in policies:
-        plan = profile_trace(
+        plan, _, _ = profile_trace(
             trace, release_period=args.release_period, density=args.density, method=args.threshold
         )
     with tempfile.TemporaryDirectory(prefix="igrt-bench-") as tmp:

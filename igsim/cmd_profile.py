@@ -9,18 +9,16 @@ density) times 8 bytes (int32 index + fp32 value).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from igpolicy.decide import nominal_k
 from igpolicy.plan import SyncPlan
 from igpolicy.units import format_bytes
 from igpolicy.vocab import ComponentClass
+from traces.profiling import PAIR_BYTES, profile_trace
 
-__all__ = ["add_arguments", "parse_window", "profile_trace", "run"]
+__all__ = ["PAIR_BYTES", "add_arguments", "parse_window", "profile_trace", "run"]
 
 METHODS = ("knee", "otsu", "gmm", "kmeans2", "percentile", "fixed_ratio")
-PAIR_BYTES = 8  # int32 index + fp32 value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,63 +65,6 @@ def _method_params(items: list[str]) -> dict[str, Any]:
             except ValueError:
                 out[key] = value
     return out
-
-
-def profile_trace(
-    trace_dir: str | Path,
-    *,
-    method: str = "knee",
-    method_params: dict[str, Any] | None = None,
-    release_period: int = 4,
-    window: tuple[int, int] | None = None,
-):
-    """Profile ``trace_dir``; returns (SyncPlan, ImportanceScores, ThresholdResult)."""
-    from igpolicy.importance import component_stats_from_params
-    from igpolicy.profile import profile
-    from traces.reader import read_trace
-
-    if release_period < 1:
-        raise ValueError(f"--release-period {release_period}: must be >= 1")
-    trace = read_trace(trace_dir, steps=window)
-    if trace.num_steps == 0:
-        raise ValueError(
-            f"{trace_dir}: no recorded steps" + (f" in window {window[0]}:{window[1]}" if window else "")
-        )
-    manifest = trace.manifest
-    series = {c: trace.per_param_series(c) for c in ("sel_norm", "overlap", "k", "grad_norm")}
-    present = [p for p in sorted(manifest.params, key=lambda p: p.order) if p.name in series["k"]]
-    if not present:
-        raise ValueError(f"{trace_dir}: the trace has no parameter rows")
-    names = [p.name for p in present]
-    stats = component_stats_from_params(
-        param_component={p.name: p.component for p in present},
-        param_numel={p.name: p.numel for p in present},
-        sel_norm={n: series["sel_norm"][n] for n in names},
-        overlap={n: series["overlap"][n] for n in names},
-        k={n: series["k"][n] for n in names},
-        grad_norm={n: series["grad_norm"][n] for n in names},
-    )
-    expected: dict[str, int] = {}
-    for p in present:
-        expected[p.component] = (
-            expected.get(p.component, 0) + nominal_k(p.numel, manifest.density) * PAIR_BYTES
-        )
-    return profile(
-        stats=stats,
-        expected_bytes=expected,
-        release_period=int(release_period),
-        method=method,
-        method_params=method_params or None,
-        source={
-            "trace": str(trace_dir),
-            "workload": manifest.workload,
-            "sparsifier": manifest.sparsifier,
-            "density": manifest.density,
-            "world_size": manifest.world_size,
-            "window": list(window) if window else None,
-            "num_steps": trace.num_steps,
-        },
-    )
 
 
 def format_plan_table(plan: SyncPlan, scores: Any) -> str:
