@@ -288,7 +288,7 @@ def trace_for(
         try:
             path = sample_trace_path(workload)
             m = read_manifest(path)
-            recorded = int(m.extra.get("num_steps", 0)) or _num_steps(path)
+            recorded = num_steps(path)
             if (
                 m.extra.get("seed") == seed
                 and math.isclose(m.density, density)
@@ -319,7 +319,8 @@ def trace_for(
     return path
 
 
-def _num_steps(path: Path) -> int:
+def num_steps(path: Path) -> int:
+    """Recorded steps of the trace at ``path``."""
     from traces.reader import read_trace
 
     return int(read_trace(path).num_steps)
@@ -444,16 +445,26 @@ def job(
     batch_size: int = 16,
     evaluate: bool = True,
     ablation: str | None = None,
+    flush: bool = True,
     **config: Any,
 ) -> dict[str, Any]:
-    """A job dict; ``config`` holds PolicyConfig keys besides ``policy`` (validated here)."""
+    """A job dict; ``config`` holds PolicyConfig keys besides ``policy`` (validated here).
+
+    ``flush=False`` is for speed-only runs (no evaluation): the end-of-training flush — one dense
+    all-reduce of every residual, the model's full size, minutes on a slow shaped link — is skipped
+    (:func:`_no_flush`); it is not a training step and does not enter the step statistics.
+    """
     from igpolicy.config import PolicyConfig
 
     if ablation not in ABLATIONS:
         raise ValueError(f"ablation {ablation!r} is not one of {ABLATIONS}")
     sparsifier = "adtopk" if policy == "adtopk" else config.pop("sparsifier", "topk")
     cfg = PolicyConfig(policy=policy, sparsifier=sparsifier, seed=seed, **config).to_dict()
+    if not flush and evaluate:
+        raise ValueError("flush=False is for speed-only runs: pass evaluate=False too")
+    extra = {} if flush else {"flush": False}  # absent by default: keys of earlier runs stay valid
     return {
+        **extra,
         "workload": workload,
         "tiny": bool(tiny),
         "seed": int(seed),
@@ -535,6 +546,9 @@ def _jobs_rank(ctx: Any, pending: Sequence[tuple[dict[str, Any], str]]) -> int:
     return len(pending)
 
 
+_PATCHED_USES = {"drop_held": 0, "no_flush": 0}  # how often a swapped-in Synchronizer was built
+
+
 @contextlib.contextmanager
 def _drop_held_residuals() -> Iterator[None]:
     """Experiment-side ablation (the runtime has no switch for it): after every step, the residual
@@ -546,6 +560,10 @@ def _drop_held_residuals() -> Iterator[None]:
     base = sync_module.Synchronizer
 
     class DropHeld(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            _PATCHED_USES["drop_held"] += 1
+
         def step(self, **kwargs: Any):
             sending = self.decide(self.step_index).sending_params
             row = super().step(**kwargs)
@@ -556,6 +574,33 @@ def _drop_held_residuals() -> Iterator[None]:
             return row
 
     sync_module.Synchronizer = DropHeld
+    try:
+        yield
+    finally:
+        sync_module.Synchronizer = base
+
+
+@contextlib.contextmanager
+def _no_flush() -> Iterator[None]:
+    """Speed-only runs: the Synchronizer's end-of-training flush sends nothing and the residuals
+    stay where they are (the run's model is thrown away; its steps were already measured)."""
+    import dataclasses
+
+    import igrt.synchronizer as sync_module
+    from igpolicy.vocab import StepMetrics
+
+    base = sync_module.Synchronizer
+
+    class NoFlush(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            _PATCHED_USES["no_flush"] += 1
+
+        def flush(self) -> StepMetrics:
+            row = StepMetrics(step=self.step_index, rank=self.rank, source="real", policy=self.config.policy)
+            return dataclasses.replace(row, extra={"flush_skipped": 1.0})
+
+    sync_module.Synchronizer = NoFlush
     try:
         yield
     finally:
@@ -581,8 +626,17 @@ def _run_job(ctx: Any, j: Mapping[str, Any]) -> dict[str, Any]:
         command="experiments job",
     )
     t0 = time.perf_counter()
-    with _drop_held_residuals() if j["ablation"] == "drop_held" else contextlib.nullcontext():
+    wanted = {"drop_held": j["ablation"] == "drop_held", "no_flush": not j.get("flush", True)}
+    before = dict(_PATCHED_USES)
+    with contextlib.ExitStack() as stack:
+        if wanted["drop_held"]:
+            stack.enter_context(_drop_held_residuals())
+        if wanted["no_flush"]:
+            stack.enter_context(_no_flush())
         outcome = train_on_rank(ctx, options)
+    for name, on in wanted.items():  # never report an ablation that silently did not apply
+        if on and _PATCHED_USES[name] == before[name]:
+            raise RuntimeError(f"{name}: igrt.train did not build its Synchronizer from igrt.synchronizer")
     wall_s = time.perf_counter() - t0
     if ctx.rank != 0:
         return {}
@@ -641,16 +695,19 @@ def wait_for_testbed(timeout_s: float, log=print) -> bool:
 def _launch_on_testbed(pending: Sequence[tuple[dict[str, Any], str]], spec: Any, *, timeout_s: float) -> None:
     """One process per rank namespace (``ip netns exec``), each a one-rank torchrun-style job
     (env from :func:`igrt.testbed.rank_env`) running ``python -m experiments.common --jobs FILE``.
-    The caller owns the testbed (``with Testbed(spec)``)."""
+    The caller owns the testbed (``with Testbed(spec)``). Every 5 s the rank namespaces are checked:
+    if another process tore the testbed down, the ranks are stopped and RuntimeError says so
+    (instead of waiting for the collectives' timeout)."""
     import tempfile
 
     from igrt import testbed
 
     port = 29700 + os.getpid() % 200
+    names = {spec.rank_ns(r) for r in range(spec.num_ranks)}
     with tempfile.TemporaryDirectory(prefix="igexp-") as tmp:
         jobs_file = Path(tmp) / "jobs.json"
         jobs_file.write_text(json.dumps(list(pending)))
-        procs = []
+        procs, logs = [], []
         for r in range(spec.num_ranks):
             env = {**os.environ, **testbed.rank_env(spec, r, port=port), "PYTHONPATH": str(REPO)}
             cmd = [
@@ -661,19 +718,30 @@ def _launch_on_testbed(pending: Sequence[tuple[dict[str, Any], str]], spec: Any,
                 "--jobs",
                 str(jobs_file),
             ]
-            procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True))  # fmt: skip
+            logs.append(open(Path(tmp) / f"rank{r}.log", "w+"))  # noqa: SIM115 (closed below)
+            procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=logs[-1], stderr=subprocess.STDOUT))
         deadline = time.monotonic() + timeout_s
-        failed = []
-        for r, proc in enumerate(procs):
-            try:
-                out, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 1.0))
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                raise RuntimeError(f"testbed rank {r} did not finish within {timeout_s:.0f} s") from None
-            if proc.returncode != 0:
-                failed.append(f"rank {r} exited {proc.returncode}: {out.strip()[-1200:]}")
+        try:
+            while any(p.poll() is None for p in procs):
+                time.sleep(5)
+                if any(p.poll() not in (None, 0) for p in procs):
+                    break  # a rank failed: its peers would only wait for the collectives' timeout
+                gone = names - set(testbed.leftovers())
+                if gone or time.monotonic() > deadline:
+                    why = (f"namespaces {sorted(gone)} vanished: another process tore the testbed down"
+                           if gone else f"the ranks did not finish within {timeout_s:.0f} s")  # fmt: skip
+                    raise RuntimeError(f"testbed training stopped: {why}")
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            tails = []
+            for f in logs:
+                f.seek(0)
+                tails.append(f.read()[-1200:].strip())
+                f.close()
+        failed = [f"rank {r} exited {p.returncode}: {tails[r]}" for r, p in enumerate(procs) if p.returncode]
         if failed:
             raise RuntimeError("testbed training failed: " + " | ".join(failed))
 

@@ -165,7 +165,7 @@ def _testbed(study: Study, wl: str, plan_path, params, rate: float) -> list[dict
         jobs.append(common.job(workload=wl, policy="importance", seed=0, steps=a.testbed_steps, tiny=False,
                                plan_path=plan_path, density=a.density, release_period=a.release_period,
                                packing=packing, num_buckets=None if packing == "ddp" else a.num_buckets,
-                               bucket_cap_bytes=cap, evaluate=False))  # fmt: skip
+                               bucket_cap_bytes=cap, evaluate=False, flush=False))  # fmt: skip
     spec = testbed.TestbedSpec(num_ranks=a.nproc, rate_bytes_per_s=rate)
     study.log(f"{wl}: testbed {a.nproc} ranks at {rate * 8 / 1e6:g} Mbit/s, {len(jobs)} packings")
     with testbed.Testbed(spec):

@@ -9,8 +9,8 @@ Per workload (MiniLM fine-tuning: held-out accuracy; GPT post-training: held-out
 3. **Speed on a shaped link** — seed 0 of every policy for a few steps on the namespace testbed
    (``igrt.testbed``: one rank per namespace, each link shaped both ways with tbf) at a rate where
    Top-k's communication takes about twice the compute (``--rate``; auto from the trace: Top-k's
-   nominal bytes / (2 x recorded compute)). Dense moves ~100x more bytes, so it runs 2 steps
-   (the first of every run is left out of the times as warm-up).
+   nominal bytes / (2 x recorded compute)). Dense moves ~100x more bytes, so it runs 1 step
+   (whose time includes the warm-up; the other policies' first step is left out).
 4. **Prediction** — igsim replays the same runs (same trace, policy, plan, world size, a star at
    the testbed rate, synchronizer after backward) with compute scaled to the measured compute.
 5. **Extrapolation** — igsim on LLaMA-7B / 70B (roofline compute on H100s) on 100–400 Gbit/s stars
@@ -181,8 +181,9 @@ def _testbed(study: Study, wl: str, plan_path: Path, rate: float) -> dict[tuple[
         return {}
     spec = testbed.TestbedSpec(num_ranks=a.nproc, rate_bytes_per_s=rate)
     jobs = [
-        common.job(workload=wl, policy=p, seed=0, steps=2 if p == "dense" else a.testbed_steps, tiny=False,
-                   plan_path=plan_path, density=a.density, release_period=a.release_period, evaluate=False)
+        common.job(workload=wl, policy=p, seed=0, steps=1 if p == "dense" else a.testbed_steps, tiny=False,
+                   plan_path=plan_path, density=a.density, release_period=a.release_period, evaluate=False,
+                   flush=False)
         for p in POLICIES
     ]  # fmt: skip
     study.log(f"{wl}: testbed {a.nproc} ranks at {rate * 8 / 1e6:g} Mbit/s")

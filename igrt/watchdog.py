@@ -100,7 +100,9 @@ def find_suspects(states: Sequence[PeerState], *, step: int, rank: int) -> dict[
 
 def _default_store() -> dist.Store:
     if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError("RankWatchdog: torch.distributed is not initialized; pass store=, rank=, world_size=")
+        raise ValueError(
+            "RankWatchdog: torch.distributed is not initialized; pass store=, rank=, world_size="
+        )
     from torch.distributed import distributed_c10d
 
     return distributed_c10d._get_default_store()
@@ -159,7 +161,9 @@ class RankWatchdog:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> RankWatchdog:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._beat, name=f"igrt-watchdog-r{self.rank}", daemon=True)
+            self._thread = threading.Thread(
+                target=self._beat, name=f"igrt-watchdog-r{self.rank}", daemon=True
+            )
             self._thread.start()
         return self
 
@@ -196,7 +200,7 @@ class RankWatchdog:
             raise
         except RuntimeError as e:
             suspects = self._diagnose(self._store, step)
-            self._linger(suspects)
+            self._linger(self._store, suspects)
             if not suspects:
                 raise
             raise self._failure(step, e, suspects) from e
@@ -217,7 +221,9 @@ class RankWatchdog:
     def _diagnose(self, store: dist.Store, step: int) -> dict[int, str]:
         try:
             before = self._read(store, "alive")
-            time.sleep(3 * self.interval_s)
+            for _ in range(3):  # keep beating: the diagnosis may run on the heartbeat thread itself
+                time.sleep(self.interval_s)
+                store.add(self._key("alive", self.rank), 1)
             after = self._read(store, "alive")
             reached = [v - 1 for v in self._read(store, "reached")]
             left = [v > 0 for v in self._read(store, "done")]
@@ -242,16 +248,18 @@ class RankWatchdog:
         )
         return PeerFailure(message, step=step, suspects=suspects)
 
-    def _linger(self, suspects: dict[int, str]) -> None:
-        """Say this rank is done reading; the store's host waits for the other survivors to be."""
+    def _linger(self, store: dist.Store, suspects: dict[int, str]) -> None:
+        """Say this rank is done reading (a survivor, not to be blamed); the store's host then waits
+        up to ``linger_s`` for the other survivors to be done, so that its exit does not take the
+        store away from them mid-diagnosis."""
         with contextlib.suppress(RuntimeError):
-            self._store.add(self._key("done", self.rank), 1)
+            store.add(self._key("done", self.rank), 1)
             if self.rank != self.store_host_rank:
                 return
             waiting = [r for r in range(self.world_size) if r != self.rank and r not in suspects]
             end = time.monotonic() + self.linger_s
             while waiting and time.monotonic() < end:
-                waiting = [r for r in waiting if self._store.add(self._key("done", r), 0) == 0]
+                waiting = [r for r in waiting if store.add(self._key("done", r), 0) == 0]
                 time.sleep(0.05)
 
     def _beat(self) -> None:
@@ -273,10 +281,9 @@ class RankWatchdog:
             message = str(self._failure(step, error, suspects))
         else:
             message = f"rank {self.rank}: {error}; no peer is dead or behind"
-        with contextlib.suppress(RuntimeError):
-            self._beat_store.add(self._key("done", self.rank), 1)  # a survivor: blame it not
         sys.stderr.write(f"igrt watchdog: {message}; exiting with code {EXIT_CODE}\n")
         sys.stderr.flush()
+        self._linger(self._beat_store, suspects)
         os._exit(EXIT_CODE)
 
 

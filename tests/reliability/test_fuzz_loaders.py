@@ -308,6 +308,45 @@ def test_a_parameter_name_that_is_not_utf8_is_a_trace_error(trace) -> None:
     _assert_trace_error_naming(trace, part)
 
 
+def _negative_row_count_outcome(part_path: str) -> str:
+    """Flip the sign bit of the footer's row count (a zigzag varint: its first byte's lowest bit),
+    found by trying each footer byte; then read the trace. Runs in a forked child."""
+    part = Path(part_path)
+    data = part.read_bytes()
+    footer_len = int.from_bytes(data[-8:-4], "little")
+    for offset in range(len(data) - 8 - footer_len, len(data) - 8):
+        flipped = bytearray(data)
+        flipped[offset] ^= 1
+        try:
+            if pq.read_metadata(pa.BufferReader(bytes(flipped))).num_rows < 0:
+                break
+        except Exception:
+            continue
+    else:
+        return "no footer byte gives a negative row count"
+    part.write_bytes(bytes(flipped))
+    try:
+        _read_quietly(part.parent)
+    except TraceError as e:
+        return f"TraceError: {e}"
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "read"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="bug (traces/reader.py _Loader.open): a corrupt footer's negative num_rows reaches np.empty "
+    "in load() ('ValueError: negative dimensions are not allowed', no file named); fix: in open(), "
+    "bad(path, ...) when meta.num_rows < 0",
+)
+def test_a_footer_claiming_a_negative_row_count_is_a_trace_error(small_trace) -> None:
+    part = small_trace / "params-r000-000001.parquet"
+    outcome = _in_child(_negative_row_count_outcome, str(part), timeout_s=30.0, extra_memory_bytes=2**30)
+    assert outcome.startswith(f"TraceError: {part}"), outcome
+
+
 # ----------------------------------------------------------------------------- SyncPlan
 def _plan_document() -> dict:
     plan = SyncPlan(
