@@ -31,7 +31,6 @@ largest wire error, steps on which this rank sent no pair at all, RSS at the mar
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import time
 from dataclasses import dataclass
