@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from traces.schema import (
@@ -275,7 +276,7 @@ def read_trace(
 @dataclass(frozen=True, kw_only=True)
 class _PartMeta:
     num_rows: int
-    step_min: int | None  # from row-group statistics; None when unknown
+    step_min: int | None  # read only when a step window is asked for; None otherwise
     step_max: int | None
 
 
@@ -305,11 +306,19 @@ class _Loader:
         if problem:
             self.bad(path, problem)
             return None
-        try:
-            lo, hi = _step_range(meta, schema.get_field_index("step"))
-        except (pa.ArrowException, OSError, UnicodeDecodeError, ValueError) as e:
-            self.bad(path, f"corrupt Parquet footer ({_one_line(e)})")
+        if meta.num_rows < 0:
+            self.bad(path, f"corrupt Parquet footer (row count {meta.num_rows})")
             return None
+        lo = hi = None
+        if self.steps is not None:  # only a window needs the range; never from row-group metadata,
+            # whose accessors abort the process on some corrupt footers (pyarrow 26)
+            try:
+                step = pq.read_table(path, columns=["step"]).column("step")
+            except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
+                self.bad(path, f"not a readable Parquet file (truncated or corrupt: {_one_line(e)})")
+                return None
+            if len(step):
+                lo, hi = int(pc.min(step).as_py()), int(pc.max(step).as_py())
         return _PartMeta(num_rows=meta.num_rows, step_min=lo, step_max=hi)
 
     def load(
@@ -437,21 +446,6 @@ def _is_string(t: pa.DataType) -> bool:
 
 def _numpy_dtype(t: pa.DataType) -> np.dtype:
     return np.dtype(np.int32) if pa.types.is_dictionary(t) else np.dtype(t.to_pandas_dtype())
-
-
-def _step_range(meta: pq.FileMetaData, step_col: int) -> tuple[int | None, int | None]:
-    """(min, max) of the step column from row-group statistics, (None, None) when unavailable."""
-    lo = hi = None
-    for i in range(meta.num_row_groups):
-        column = meta.row_group(i).column(step_col)
-        if column.physical_type != "INT64":  # a corrupt footer: reading its statistics can abort
-            raise ValueError(f"step column has physical type {column.physical_type}, expected INT64")
-        stats = column.statistics
-        if stats is None or not stats.has_min_max:
-            return None, None
-        lo = stats.min if lo is None else min(lo, stats.min)
-        hi = stats.max if hi is None else max(hi, stats.max)
-    return lo, hi
 
 
 def _unique_ints(values: np.ndarray) -> np.ndarray:
