@@ -73,7 +73,9 @@ def rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def soak_parameters(*, d: int = 16, num_layers: int = 2, vocab: int = 64) -> list[tuple[str, torch.nn.Parameter]]:
+def soak_parameters(
+    *, d: int = 16, num_layers: int = 2, vocab: int = 64
+) -> list[tuple[str, torch.nn.Parameter]]:
     """Llama-style names (so they map to components), plus a 1-element and an empty parameter."""
     shapes = {"model.embed_tokens.weight": (vocab, d)}
     for i in range(num_layers):
@@ -113,7 +115,9 @@ def random_setup(rng: np.random.Generator, components: list[str], *, policy: str
     plan_period = period if rng.random() < 0.5 else int(rng.integers(1, 7))
     comps = []
     for j, key in enumerate(components):
-        cls = [ComponentClass.IMPORTANT, ComponentClass.LOW, ComponentClass.PINNED][int(rng.choice(3, p=[0.4, 0.5, 0.1]))]
+        cls = [ComponentClass.IMPORTANT, ComponentClass.LOW, ComponentClass.PINNED][
+            int(rng.choice(3, p=[0.4, 0.5, 0.1]))
+        ]
         low = cls == ComponentClass.LOW
         comps.append(
             ComponentPlan(
@@ -126,7 +130,10 @@ def random_setup(rng: np.random.Generator, components: list[str], *, policy: str
         )
     plan = SyncPlan(release_period=plan_period, components=tuple(comps))
     sparsifier = make_sparsifier(
-        kind, seed=config.seed, threshold=float(10 ** rng.uniform(-2, 2)), shared_indices=bool(rng.random() < 0.5)
+        kind,
+        seed=config.seed,
+        threshold=float(10 ** rng.uniform(-2, 2)),
+        shared_indices=bool(rng.random() < 0.5),
     )
     return config, plan, sparsifier
 
@@ -159,7 +166,9 @@ def soak(rank: int, world_size: int, steps: int, seed: int, segment_steps: int) 
     step = 0
     while step < steps:
         policy = POLICIES[(seed + segments) % len(POLICIES)]  # every policy in turn, the rest at random
-        config, plan, sparsifier = random_setup(np.random.default_rng([seed, segments]), components, policy=policy)
+        config, plan, sparsifier = random_setup(
+            np.random.default_rng([seed, segments]), components, policy=policy
+        )
         policies.append(config.policy)
         sync = Synchronizer(named, config=config, plan=plan, sparsifier=sparsifier, track_sums=True)
         bound_m = {n: 0.0 for n in params}
@@ -234,7 +243,9 @@ def _check_wire(sync: Synchronizer, params, before: dict[str, torch.Tensor], wor
         scale = float(scale_t.max())
         err = float((p.grad.double() - want).abs().max())
         tol = world_size * eps * scale + 1e-30
-        assert err <= tol, f"{n}: synchronized gradient differs from the average sent by {err:.3e} (tol {tol:.3e})"
+        assert err <= tol, (
+            f"{n}: synchronized gradient differs from the average sent by {err:.3e} (tol {tol:.3e})"
+        )
         worst = max(worst, err / scale if scale else 0.0)
     return worst
 
