@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,10 +141,13 @@ def _barrier(world_size: int) -> None:
 def save_checkpoint(
     directory: str | Path, *, step: int, model, optimizer, sync, rank: int, world_size: int, meta: dict
 ) -> None:
-    """Every rank: its sync state (``igsync-rank*.pt``) and RNG state (``rng-rank*.pt``); then rank
-    0: ``train-state.pt`` (model, optimizer, step, run settings), written last, so its presence marks
-    a complete checkpoint. ``step`` is the number of steps done. Collective: every rank calls it."""
-    d = Path(directory)
+    """Into a fresh ``directory/step-{step:06d}/``: every rank its sync state (``igsync-rank*.pt``)
+    and RNG state (``rng-rank*.pt``); then rank 0 ``train-state.pt`` (model, optimizer, step, run
+    settings), written last, so its presence marks a complete checkpoint; then rank 0 removes the
+    older ``step-*`` folders. A crash at any moment leaves the last complete checkpoint intact.
+    ``step`` is the number of steps done. Collective: every rank calls it."""
+    root = Path(directory)
+    d = root / f"step-{step:06d}"
     d.mkdir(parents=True, exist_ok=True)
     save_sync_state(sync, d, rank=rank)
     rng = {"step": step, "rank": rank, "torch": torch.get_rng_state()}
@@ -161,16 +165,22 @@ def save_checkpoint(
             "optimizer": optimizer.state_dict(),
         }
         _atomic_save(state, d / STATE_NAME)
+        for old in root.glob("step-*"):
+            if old != d:
+                shutil.rmtree(old, ignore_errors=True)
     _barrier(world_size)
 
 
 def _resolve_checkpoint(path: str | Path) -> Path:
+    """The newest complete ``step-*`` checkpoint under PATH/checkpoint or PATH (or PATH itself)."""
     p = Path(path)
-    if (p / "checkpoint" / STATE_NAME).is_file():
-        return p / "checkpoint"
+    for base in (p / "checkpoint", p):
+        complete = sorted(d for d in base.glob("step-*") if (d / STATE_NAME).is_file())
+        if complete:
+            return complete[-1]
     if (p / STATE_NAME).is_file():
         return p
-    raise ValueError(f"--resume {p}: no checkpoint there ({STATE_NAME} in it or in its checkpoint/)")
+    raise ValueError(f"--resume {p}: no complete checkpoint there (step-*/{STATE_NAME} in it or in its checkpoint/)")
 
 
 def load_checkpoint(

@@ -165,7 +165,7 @@ def test_each_policy_writes_consistent_metrics_summary_and_checkpoint(
         assert [e["step"] for e in summary["eval"]["history"]] == [0, 3, STEPS]
         assert 0.0 <= summary["eval"]["final"]["accuracy"] <= 1.0
         assert json.loads((out / "eval.json").read_text()) == summary["eval"]["history"]
-    ckpt = out / "checkpoint"
+    ckpt = sorted((out / "checkpoint").glob("step-*"))[-1]  # the newest (and only) complete one
     names = {p.name for p in ckpt.iterdir()}
     assert {
         "train-state.pt",

@@ -250,12 +250,6 @@ def test_kill_between_checkpoints_then_resume_matches_uninterrupted(runner, plan
     _assert_bitwise_equal(torch.load(resumed / "model.pt", weights_only=True), reference)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug (igrt/train.py save_checkpoint): every checkpoint overwrites the files of the previous "
-    "one in place, so a crash while writing the step-8 checkpoint leaves a mix of step-8 and step-4 "
-    "files and no complete checkpoint; resume refuses ('the sync state of rank 0 is at step 8, not 4')",
-)
 def test_kill_inside_a_checkpoint_keeps_the_previous_one(runner, plan, reference) -> None:
     torn = runner.tmp / "torn"
     marker = runner.tmp / "parked-checkpoint"
