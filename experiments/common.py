@@ -336,17 +336,34 @@ def profile(
     release_period: int = 4,
     window: tuple[int, int] | None = None,
     method_params: Mapping[str, Any] | None = None,
+    pinned: Sequence[str] = (),
 ):
-    """``igsim profile``'s pipeline on ``trace``: returns (SyncPlan, ImportanceScores, ThresholdResult)."""
+    """``igsim profile``'s pipeline on ``trace``: returns (SyncPlan, ImportanceScores, ThresholdResult).
+
+    ``pinned`` component keys are sent every step whatever their score
+    (:func:`igpolicy.profile.build_plan`'s rule 1; the threshold is then taken over the others).
+    """
+    from igpolicy.profile import build_plan
     from igsim.cmd_profile import profile_trace
 
-    return profile_trace(
+    plan, scores, result = profile_trace(
         trace,
         method=method,
         method_params=dict(method_params or {}),
         release_period=release_period,
         window=window,
     )
+    if pinned:
+        plan = build_plan(
+            scores=scores,
+            expected_bytes={c.key: c.expected_bytes for c in plan.components},
+            release_period=release_period,
+            method=method,
+            method_params=method_params,
+            pinned=pinned,
+            source=plan.source,
+        )
+    return plan, scores, result
 
 
 def plan_byte_share(plan: Any) -> float:

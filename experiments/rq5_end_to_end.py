@@ -80,6 +80,8 @@ def run(study: Study) -> dict[str, Any]:
     rates: dict[str, float] = {}
     (study.out / "plans").mkdir(exist_ok=True)
     jobs: list[dict[str, Any]] = []
+    tags: list[str] = []  # the policy, or "pinned" for the importance policy with --pin components
+    pinned: dict[str, tuple[Any, Path]] = {}
     for wl in workloads:
         steps = 8 if quick else (a.steps or FULL_STEPS[wl])
         trace = common.trace_for(wl, seed=0, steps=12 if quick else 100, tiny=quick, cache=study.cache,
@@ -89,17 +91,24 @@ def run(study: Study) -> dict[str, Any]:
         plans[wl] = (plan, trace)
         study.log(f"{wl}: plan {plan.fingerprint}: {len(plan.important)} important / {len(plan.low)} low, "
                   f"low share of bytes {common.plan_byte_share(plan):.1%}")  # fmt: skip
-        jobs += [
-            common.job(workload=wl, policy=p, seed=s, steps=steps, tiny=quick, plan_path=plan_path,
-                       density=a.density, release_period=a.release_period)
-            for s in seeds
-            for p in POLICIES
-        ]  # fmt: skip
+        variants = [(p, plan_path) for p in POLICIES]
+        pin = [k for k in (a.pin.split(",") if a.pin else []) if k in plan.by_key]
+        if pin:  # diagnostic variant: the same profile with these components always sent
+            pplan, _, _ = common.profile(trace, release_period=a.release_period, pinned=pin)
+            pinned[wl] = (pplan, pplan.save(study.out / "plans" / f"{wl}-pinned.json"))
+            variants.append(("pinned", pinned[wl][1]))
+        for s in seeds:
+            for tag, path in variants:
+                policy = "importance" if tag == "pinned" else tag
+                jobs.append(common.job(workload=wl, policy=policy, seed=s, steps=steps, tiny=quick,
+                                       plan_path=path, density=a.density, release_period=a.release_period))  # fmt: skip
+                tags.append(tag)
         rates[wl] = common_rate(a, trace, plan)
-    jobs.sort(key=lambda j: j["seed"])  # seed 0 of everything first: a stopped run leaves whole seeds
+    order = sorted(range(len(jobs)), key=lambda i: jobs[i]["seed"])  # seed 0 of everything first
+    jobs, tags = [jobs[i] for i in order], [tags[i] for i in order]
     results = common.run_jobs(jobs, cache=study.cache, nproc=a.nproc, log=study.log, inprocess=quick)
-    for j, res in zip(jobs, results):
-        runs[j["workload"], j["config"]["policy"], j["seed"]] = res
+    for j, tag, res in zip(jobs, tags, results):
+        runs[j["workload"], tag, j["seed"]] = res
     for wl in workloads:
         if not quick and not a.no_testbed:
             plan_path = study.out / "plans" / f"{wl}.json"
@@ -112,20 +121,21 @@ def run(study: Study) -> dict[str, Any]:
         tb_topk = testbed_runs.get((wl, "topk"))
         measured_compute = (tb_topk or runs[wl, "topk", 0])["stats"]["compute_s_mean"]
         scale = measured_compute / _trace_compute_s(trace)
-        for p in POLICIES:
-            res = [runs[wl, p, s] for s in seeds]
+        for tag in (*POLICIES, *(["pinned"] if wl in pinned else [])):
+            p, plan_p = ("importance", pinned[wl][0]) if tag == "pinned" else (tag, plan)
+            res = [runs[wl, tag, s] for s in seeds]
             q_mean, q_std = mean_std(_quality(r, wl) for r in res)
             b = float(np.mean([r["stats"]["bytes_per_step"]["wire_bytes"] for r in res]))
             sim = common.simulate_star(
-                trace=trace, policy=p, plan=plan, num_ranks=a.nproc, bandwidth_bytes_per_s=rates[wl],
+                trace=trace, policy=p, plan=plan_p, num_ranks=a.nproc, bandwidth_bytes_per_s=rates[wl],
                 num_steps=4 * a.release_period, density=a.density, release_period=a.release_period,
                 compute_scale=scale,
             )  # fmt: skip
-            tb = testbed_runs.get((wl, p))
+            tb = testbed_runs.get((wl, tag))
             rows.append(
                 {
                     "workload": wl,
-                    "policy": LABELS[p],
+                    "policy": LABELS[tag] if tag != "pinned" else f"importance, {a.pin} pinned",
                     "seeds": len(res),
                     "steps": res[0]["job"]["steps"],
                     "bytes_per_step": b,
@@ -320,6 +330,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3, help="seeds per policy (default 3)")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default minilm 50, gpt 100)")
     parser.add_argument("--density", type=float, default=0.01, help="sparsifier density (default 0.01)")
+    parser.add_argument(
+        "--pin",
+        default="head",
+        help="also run the importance policy with these components pinned (default head; '' = no)",
+    )
     parser.add_argument("--release-period", type=int, default=4, help="R (default 4)")
     parser.add_argument(
         "--rate", default=None, help="shaped link rate, e.g. 20Mbit (default: auto per workload)"

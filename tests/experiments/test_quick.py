@@ -129,9 +129,11 @@ def test_rq5_end_to_end(tmp_path: Path, cache: Path) -> None:
     rows = _rows(tmp_path / "rq5_table.csv")
     for wl in ("minilm", "gpt"):
         by = {r["policy"]: r for r in rows if r["workload"] == wl}
-        assert set(by) == {"dense", "Top-k+EF", "ADTopk+EF", "importance"}
+        assert {"dense", "Top-k+EF", "ADTopk+EF", "importance"} <= set(by)
         dense, topk, imp = (_num(by[p]["bytes_per_step"]) for p in ("dense", "Top-k+EF", "importance"))
         assert dense > topk > imp > 0
+        if "importance, head pinned" in by:  # pinning sends one more component every step
+            assert imp <= _num(by["importance, head pinned"]["bytes_per_step"]) <= topk
         # igsim replays the same decisions: its bytes match the measured ones for the always-send policies
         for p in ("dense", "Top-k+EF"):
             assert _num(by[p]["sim_bytes_per_step"]) == pytest.approx(_num(by[p]["bytes_per_step"]), rel=0.05)
