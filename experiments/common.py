@@ -151,11 +151,23 @@ def read_csv(path: str | Path) -> list[dict[str, str]]:
 
 
 def write_json(obj: Any, path: str | Path) -> Path:
+    """``obj`` as JSON (atomic write); NaN and infinities become null, numpy values plain numbers."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=_json_default) + "\n")
+    text = json.dumps(_finite(obj), indent=1, sort_keys=True, default=_json_default, allow_nan=False)
+    tmp.write_text(text + "\n")
     tmp.replace(path)
     return path
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _json_default(obj: Any) -> Any:

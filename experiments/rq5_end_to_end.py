@@ -80,8 +80,8 @@ def run(study: Study) -> dict[str, Any]:
     rates: dict[str, float] = {}
     (study.out / "plans").mkdir(exist_ok=True)
     jobs: list[dict[str, Any]] = []
-    tags: list[str] = []  # the policy, or "pinned" for the importance policy with --pin components
-    pinned: dict[str, tuple[Any, Path]] = {}
+    tags: list[str] = []  # the policy, or a diagnostic variant of the importance policy
+    variants: dict[str, list[dict[str, Any]]] = {}
     for wl in workloads:
         steps = 8 if quick else (a.steps or FULL_STEPS[wl])
         trace = common.trace_for(wl, seed=0, steps=12 if quick else 100, tiny=quick, cache=study.cache,
@@ -91,18 +91,13 @@ def run(study: Study) -> dict[str, Any]:
         plans[wl] = (plan, trace)
         study.log(f"{wl}: plan {plan.fingerprint}: {len(plan.important)} important / {len(plan.low)} low, "
                   f"low share of bytes {common.plan_byte_share(plan):.1%}")  # fmt: skip
-        variants = [(p, plan_path) for p in POLICIES]
-        pin = [k for k in (a.pin.split(",") if a.pin else []) if k in plan.by_key]
-        if pin:  # diagnostic variant: the same profile with these components always sent
-            pplan, _, _ = common.profile(trace, release_period=a.release_period, pinned=pin)
-            pinned[wl] = (pplan, pplan.save(study.out / "plans" / f"{wl}-pinned.json"))
-            variants.append(("pinned", pinned[wl][1]))
+        variants[wl] = _variants(study, wl, trace, plan, plan_path)
         for s in seeds:
-            for tag, path in variants:
-                policy = "importance" if tag == "pinned" else tag
-                jobs.append(common.job(workload=wl, policy=policy, seed=s, steps=steps, tiny=quick,
-                                       plan_path=path, density=a.density, release_period=a.release_period))  # fmt: skip
-                tags.append(tag)
+            for v in variants[wl]:
+                jobs.append(common.job(workload=wl, policy=v["policy"], seed=s, steps=steps, tiny=quick,
+                                       plan_path=v["plan_path"], density=a.density,
+                                       release_period=a.release_period, **v["config"]))  # fmt: skip
+                tags.append(v["tag"])
         rates[wl] = common_rate(a, trace, plan)
     order = sorted(range(len(jobs)), key=lambda i: jobs[i]["seed"])  # seed 0 of everything first
     jobs, tags = [jobs[i] for i in order], [tags[i] for i in order]
@@ -121,8 +116,8 @@ def run(study: Study) -> dict[str, Any]:
         tb_topk = testbed_runs.get((wl, "topk"))
         measured_compute = (tb_topk or runs[wl, "topk", 0])["stats"]["compute_s_mean"]
         scale = measured_compute / _trace_compute_s(trace)
-        for tag in (*POLICIES, *(["pinned"] if wl in pinned else [])):
-            p, plan_p = ("importance", pinned[wl][0]) if tag == "pinned" else (tag, plan)
+        for v in variants[wl]:
+            tag, p, plan_p = v["tag"], v["policy"], v["plan"]
             res = [runs[wl, tag, s] for s in seeds]
             q_mean, q_std = mean_std(_quality(r, wl) for r in res)
             b = float(np.mean([r["stats"]["bytes_per_step"]["wire_bytes"] for r in res]))
@@ -135,7 +130,7 @@ def run(study: Study) -> dict[str, Any]:
             rows.append(
                 {
                     "workload": wl,
-                    "policy": LABELS[tag] if tag != "pinned" else f"importance, {a.pin} pinned",
+                    "policy": v["label"],
                     "seeds": len(res),
                     "steps": res[0]["job"]["steps"],
                     "bytes_per_step": b,
@@ -166,6 +161,25 @@ def run(study: Study) -> dict[str, Any]:
     extra = _extrapolate(study, plans)
     _plot(study, rows, extra)
     return {"rows": rows, "targets": targets, "rates_mbit": {k: v * 8 / 1e6 for k, v in rates.items()}}
+
+
+def _variants(study: Study, wl: str, trace: Path, plan, plan_path: Path) -> list[dict[str, Any]]:
+    """The four policies, then diagnostic variants of the importance policy (not target rows):
+    ``--pin`` components always sent; ``--zero-unsent``: parameters that sent nothing get a zero
+    gradient instead of None (``skip_unsent=False``), so AdamW still steps them every step."""
+    a = study.args
+    out = [{"tag": p, "label": LABELS[p], "policy": p, "plan": plan, "plan_path": plan_path, "config": {}}
+           for p in POLICIES]  # fmt: skip
+    pin = [k for k in (a.pin.split(",") if a.pin else []) if k in plan.by_key]
+    if pin:
+        pplan, _, _ = common.profile(trace, release_period=a.release_period, pinned=pin)
+        path = pplan.save(study.out / "plans" / f"{wl}-pinned.json")
+        out.append({"tag": "pinned", "label": f"importance, {','.join(pin)} pinned", "policy": "importance",
+                    "plan": pplan, "plan_path": path, "config": {}})  # fmt: skip
+    if a.zero_unsent:
+        out.append({"tag": "zero_unsent", "label": "importance, zero grads for unsent", "policy": "importance",
+                    "plan": plan, "plan_path": plan_path, "config": {"skip_unsent": False}})  # fmt: skip
+    return out
 
 
 def common_rate(a: argparse.Namespace, trace: Path, plan) -> float:
@@ -276,7 +290,7 @@ def _plot(study: Study, rows: Sequence[dict[str, Any]], extra: Sequence[dict[str
     fig, axes = plt.subplots(len(workloads), 3, figsize=(13, 3.4 * len(workloads)), squeeze=False)
     for ax_row, wl in zip(axes, workloads):
         rs = [r for r in rows if r["workload"] == wl]
-        names = [r["policy"] for r in rs]
+        names = [r["policy"].replace(", ", "\n") for r in rs]
         x = np.arange(len(rs))
         ax_row[0].bar(x, [r["bytes_per_step"] for r in rs], color="C0", label="measured")
         ax_row[0].plot(x, [r["sim_bytes_per_step"] for r in rs], "k_", ms=20, mew=2, label="igsim")
@@ -334,6 +348,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--pin",
         default="head",
         help="also run the importance policy with these components pinned (default head; '' = no)",
+    )
+    parser.add_argument(
+        "--zero-unsent",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run the importance policy with skip_unsent=False (default on)",
     )
     parser.add_argument("--release-period", type=int, default=4, help="R (default 4)")
     parser.add_argument(

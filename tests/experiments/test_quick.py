@@ -134,6 +134,8 @@ def test_rq5_end_to_end(tmp_path: Path, cache: Path) -> None:
         assert dense > topk > imp > 0
         if "importance, head pinned" in by:  # pinning sends one more component every step
             assert imp <= _num(by["importance, head pinned"]["bytes_per_step"]) <= topk
+        # a zero gradient for unsent parameters changes the optimizer, not what goes on the wire
+        assert _num(by["importance, zero grads for unsent"]["bytes_per_step"]) == imp
         # igsim replays the same decisions: its bytes match the measured ones for the always-send policies
         for p in ("dense", "Top-k+EF"):
             assert _num(by[p]["sim_bytes_per_step"]) == pytest.approx(_num(by[p]["bytes_per_step"]), rel=0.05)
