@@ -509,9 +509,14 @@ def job(
 def job_path(runs_dir: Path, j: Mapping[str, Any]) -> Path:
     import hashlib
 
+    from igpolicy.config import PolicyConfig
     from igpolicy.plan import SyncPlan
 
     body = dict(j)
+    # config keys at their default value do not enter the key: a key added later (default off)
+    # keeps every earlier run's cache entry valid
+    defaults = PolicyConfig().to_dict()
+    body["config"] = {k: v for k, v in body["config"].items() if k not in defaults or v != defaults[k]}
     if body.get(
         "plan_path"
     ):  # what the plan decides, not where it lies or how it was made, identifies the run

@@ -166,7 +166,8 @@ def run(study: Study) -> dict[str, Any]:
 def _variants(study: Study, wl: str, trace: Path, plan, plan_path: Path) -> list[dict[str, Any]]:
     """The four policies, then diagnostic variants of the importance policy (not target rows):
     ``--pin`` components always sent; ``--zero-unsent``: parameters that sent nothing get a zero
-    gradient instead of None (``skip_unsent=False``), so AdamW still steps them every step."""
+    gradient instead of None (``skip_unsent=False``), so AdamW still steps them every step;
+    ``--catch-up``: each update scaled by the steps its gradient carries (``catch_up=True``)."""
     a = study.args
     out = [{"tag": p, "label": LABELS[p], "policy": p, "plan": plan, "plan_path": plan_path, "config": {}}
            for p in POLICIES]  # fmt: skip
@@ -179,6 +180,9 @@ def _variants(study: Study, wl: str, trace: Path, plan, plan_path: Path) -> list
     if a.zero_unsent:
         out.append({"tag": "zero_unsent", "label": "importance, zero grads for unsent", "policy": "importance",
                     "plan": plan, "plan_path": plan_path, "config": {"skip_unsent": False}})  # fmt: skip
+    if a.catch_up:
+        out.append({"tag": "catch_up", "label": "importance, catch-up", "policy": "importance",
+                    "plan": plan, "plan_path": plan_path, "config": {"catch_up": True}})  # fmt: skip
     return out
 
 
@@ -352,8 +356,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--zero-unsent",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="also run the importance policy with skip_unsent=False (default on)",
+        default=False,
+        help="also run the importance policy with skip_unsent=False (default off)",
+    )
+    parser.add_argument(
+        "--catch-up",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also run the importance policy with catch_up=True (default off)",
     )
     parser.add_argument("--release-period", type=int, default=4, help="R (default 4)")
     parser.add_argument(

@@ -77,6 +77,11 @@ class PolicyConfig:
     - ``collective``: ``auto`` chooses sparse gather vs dense all-reduce per bucket by cost.
     - ``index_bytes`` / ``value_bytes``: wire widths (int32 indices, fp32 values by default).
     - ``skip_unsent``: parameters that sent nothing get ``grad = None`` (True) or a zero grad.
+    - ``catch_up``: after the optimizer step, scale each parameter's update by the number of steps
+      whose gradient it carries (1 for a parameter that sent on the previous step too; R for a low
+      component released after R steps). For scale-invariant optimizers (Adam, AdamW, Adafactor),
+      whose step does not grow with a gradient accumulated over R steps; leave it off for SGD,
+      where the accumulated residual already is R steps' worth. Requires ``skip_unsent``.
     """
 
     policy: str = "importance"
@@ -92,6 +97,7 @@ class PolicyConfig:
     index_bytes: int = 4
     value_bytes: int = 4
     skip_unsent: bool = True
+    catch_up: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -125,6 +131,8 @@ class PolicyConfig:
             raise bad("index_bytes", self.index_bytes, "must be 4 (int32) or 8 (int64)")
         if self.value_bytes not in (2, 4):
             raise bad("value_bytes", self.value_bytes, "must be 2 (bf16/fp16) or 4 (fp32)")
+        if self.catch_up and not self.skip_unsent:
+            raise bad("catch_up", self.catch_up, "needs skip_unsent=true (a zero grad steps the optimizer anyway)")
 
     def _check_types(self, bad) -> None:
         """Each field has its declared type (bool is not an int; an int is a valid float)."""
@@ -143,7 +151,7 @@ class PolicyConfig:
                 raise bad(key, getattr(self, key), "must be an integer")
         if self.num_buckets is not None and not is_int(self.num_buckets):
             raise bad("num_buckets", self.num_buckets, "must be an integer or null")
-        for key in ("staggered", "skip_unsent"):
+        for key in ("staggered", "skip_unsent", "catch_up"):
             if not isinstance(getattr(self, key), bool):
                 raise bad(key, getattr(self, key), "must be true or false")
         if not is_number(self.density):

@@ -43,6 +43,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--release-period", type=int, default=None, help="R: low components release every R steps")
     p.add_argument("--packing", choices=PACKINGS, default=None, help="bucket packing (default kk)")
     p.add_argument("--config", type=Path, default=None, help="PolicyConfig JSON (strict keys)")
+    p.add_argument(
+        "--catch-up",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="scale each update by the steps its gradient carries (Adam-family optimizers; see docs/runtime.md)",
+    )
     p.add_argument("--tiny", action="store_true", help="tiny random-init model (tests, smoke runs)")
     p.add_argument("--seed", type=int, default=0, help="model, data and sparsifier seed (default 0)")
     p.add_argument(
@@ -90,6 +96,7 @@ def policy_config(args: argparse.Namespace) -> PolicyConfig:
         ("density", args.density),
         ("release_period", args.release_period),
         ("packing", args.packing),
+        ("catch_up", args.catch_up),
     ):
         if value is not None:
             data[key] = value

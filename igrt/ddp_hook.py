@@ -121,6 +121,7 @@ class ImportanceHookState:
                     p.grad = None
                 elif p.grad is not None:
                     p.grad.zero_()
+            self.sync.note_sent([n for n in self.sync.params if n not in cur["unsent"]], cur["step"])
             rows.append(self._metrics(cur))
         self._pending = []
         return rows
@@ -141,7 +142,9 @@ class ImportanceHookState:
         def pre_hook(*_: Any) -> None:
             self.finish_step()
 
-        return optimizer.register_step_pre_hook(pre_hook)
+        handle = optimizer.register_step_pre_hook(pre_hook)
+        self.sync.attach_optimizer(optimizer)  # catch-up's hooks run after finish_step's (config.catch_up)
+        return handle
 
     def _metrics(self, cur: dict[str, Any]) -> StepMetrics:
         counter: comm.CommCounter = cur["counter"]

@@ -17,7 +17,9 @@ by magnitude (k = nominal k of its kind's density), ``e = u`` with ``S`` zeroed;
 values padded to the largest rank's count, or the zero-filled dense bucket; the pair counts of all
 sparse buckets travel first, in one int64 all-gather per step (8 metadata bytes per bucket). The synchronized gradient is the average over ranks; a
 parameter that sent nothing gets ``p.grad = None`` (``config.skip_unsent``; else zeros) so the
-optimizer skips it: no stale momentum, no weight decay.
+optimizer skips it: no stale momentum, no weight decay. With ``config.catch_up`` the optimizer's
+update of a parameter is scaled by the steps its gradient carries (:mod:`igrt.catch_up`; call
+:meth:`Synchronizer.attach_optimizer` once).
 
 Values travel in fp32 (``value_bytes=4``) or bf16 (``value_bytes=2``; the rounding error stays in the
 residual). At start-up every rank all-gathers a fingerprint of plan, config, parameters and sparsifier
@@ -41,6 +43,7 @@ from igpolicy.packing import pack
 from igpolicy.plan import SyncPlan
 from igpolicy.vocab import CollectiveKind, ComponentId, ParamInfo, PayloadBlock, StepMetrics
 from igrt import comm
+from igrt.catch_up import CatchUp
 from igrt.comm import aggregate_pairs, wire_dtypes
 from igrt.metrics import MetricsLog, PhaseTimer
 from igrt.residuals import ResidualState, send_param
@@ -178,6 +181,9 @@ class Synchronizer:
         }
         self.component = {i.name: i.component for i in infos}
         self.step_index = 0
+        self.last_sent: dict[str, int] = {i.name: -1 for i in infos}  # step of each param's last gradient
+        self._scales: dict[str, int] = {}  # steps carried by the gradients now in p.grad
+        self._catch_up: CatchUp | None = None
         self.log = MetricsLog()
         self.sync_cuda_timing = sync_cuda_timing and self.device.type == "cuda"
         self.fingerprint = fingerprint_parts(
@@ -201,6 +207,37 @@ class Synchronizer:
             who=f"Synchronizer (rank {self.rank})",
         )
 
+    # ------------------------------------------------------------------ catch-up
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> CatchUp | None:
+        """With ``config.catch_up``, hook ``optimizer`` so each update is scaled by the steps its
+        gradient carries (:mod:`igrt.catch_up`); without it, nothing. Call once."""
+        if not self.config.catch_up:
+            return None
+        if self._catch_up is not None:
+            raise RuntimeError("Synchronizer.attach_optimizer: already attached")
+        self._catch_up = CatchUp(self.params, self.update_scales).attach(optimizer)
+        return self._catch_up
+
+    def update_scales(self) -> dict[str, int]:
+        """Parameter name -> steps carried by the gradient the last :meth:`step` / :meth:`flush`
+        gave it (1 = it sent on the previous step too); parameters without a gradient are absent."""
+        return dict(self._scales)
+
+    def note_sent(self, names: Iterable[str], step: int) -> None:
+        """Record that ``names`` got a gradient applied at ``step`` (sets :meth:`update_scales`)."""
+        self._check_attached()
+        self._scales = {}
+        for n in names:
+            self._scales[n] = max(1, step - self.last_sent[n])
+            self.last_sent[n] = step
+
+    def _check_attached(self) -> None:
+        if self.config.catch_up and self._catch_up is None:
+            raise RuntimeError(
+                "catch_up=True: call attach_optimizer(optimizer) before the first step, "
+                "or the optimizer's updates are not scaled"
+            )
+
     # ------------------------------------------------------------------ one step
     def decide(self, step: int | None = None) -> StepDecision:
         """The decision for ``step`` (default: the next one), as the simulator would take it."""
@@ -219,6 +256,7 @@ class Synchronizer:
         ``compute_s`` (the caller's forward + backward seconds, if measured) is recorded as is; all
         of this blocking step's communication is exposed.
         """
+        self._check_attached()
         t_start = time.perf_counter()
         timer = PhaseTimer(sync_cuda=self.sync_cuda_timing)
         counter = comm.CommCounter()
@@ -235,6 +273,7 @@ class Synchronizer:
         with timer.phase("scatter"):
             for name, p in self.params.items():
                 _set_grad(p, results.get(name), skip_unsent=self.config.skip_unsent)
+        self.note_sent([n for n in self.params if results.get(n) is not None], t)
         self.step_index += 1
         low_bytes = sum(b for n, b in param_bytes.items() if self.phases[self.component[n]] is not None)
         return self._record(t, decision, counter, timer, t_start, low_bytes=low_bytes, compute_s=compute_s)
@@ -382,6 +421,7 @@ class Synchronizer:
         ``grad = None`` under ``skip_unsent``. Residuals are zero afterwards (Σg == Σsent). Does not
         advance the step counter. Every rank must call it.
         """
+        self._check_attached()
         t_start = time.perf_counter()
         timer = PhaseTimer(sync_cuda=self.sync_cuda_timing)
         counter = comm.CommCounter()
@@ -420,6 +460,7 @@ class Synchronizer:
         with timer.phase("scatter"):
             for name, p in self.params.items():
                 _set_grad(p, results.get(name), skip_unsent=self.config.skip_unsent)
+        self.note_sent([n for n in self.params if results.get(n) is not None], self.step_index - 1)
         counter.comm_s = timer.get("comm")
         return self._record(self.step_index, None, counter, timer, t_start, low_bytes=0, extra={"flush": 1.0})
 
@@ -436,6 +477,7 @@ class Synchronizer:
             "sparsifier": sparsifier_state(self.sparsifier),
             "flushed": self.residuals.is_zero(),
             "residuals": self.residuals.state_dict(),
+            "last_sent": dict(self.last_sent),
         }
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
@@ -464,6 +506,11 @@ class Synchronizer:
         if sd["world_size"] != self.world_size:
             self.residuals.zero_()
         self.step_index = int(sd["step"])
+        # states written before catch-up existed: as if every parameter had just stepped (scale 1)
+        saved_last = sd.get("last_sent") or {}
+        self.last_sent = {n: int(saved_last.get(n, self.step_index - 1)) for n in self.last_sent}
+        if sd["world_size"] != self.world_size:  # flushed: every parameter stepped on the flush
+            self.last_sent = dict.fromkeys(self.last_sent, self.step_index - 1)
 
     def parameters(self) -> Iterable[tuple[str, torch.nn.Parameter]]:
         return self.params.items()

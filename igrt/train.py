@@ -261,6 +261,7 @@ class _RankRun:
             )
             self.forward_model.register_comm_hook(self.hook, importance_hook)
             self.sync = self.hook.sync
+        self.sync.attach_optimizer(self.optimizer)  # catch-up hooks (config.catch_up); else nothing
         self.meta = {
             "workload": options.workload,
             "tiny": bool(options.tiny),

@@ -209,6 +209,7 @@ class ImportanceGradientOptimizer(torch.optim.Optimizer):
         self.sync = Synchronizer(
             engine.module, config=self.config, plan=self.plan, track_sums=self.track_sums
         )
+        self.sync.attach_optimizer(self.optimizer)  # config.catch_up: scale updates of released params
 
     def _bound(self) -> Synchronizer:
         if self.sync is None:

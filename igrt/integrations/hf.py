@@ -124,6 +124,11 @@ class ImportanceGradientCallback(TrainerCallback):
             except RuntimeError as e:
                 raise ValueError(f"{SECTION}: cannot register the importance comm hook ({e})") from None
             self.hook_state, self._ddp = hook_state, ddp
+            if hook_state.config.catch_up:  # hooks on the torch optimizer inside Accelerate's wrapper
+                optimizer = kwargs.get("optimizer")
+                if optimizer is None:
+                    raise ValueError(f"{SECTION}: catch_up needs the Trainer's optimizer; none was passed")
+                hook_state.sync.attach_optimizer(getattr(optimizer, "optimizer", optimizer))
         if state.global_step > 0:
             self._resume(args, state.global_step)
         return control

@@ -125,7 +125,7 @@ def test_rq4_packing(tmp_path: Path, cache: Path) -> None:
 
 
 def test_rq5_end_to_end(tmp_path: Path, cache: Path) -> None:
-    meta = _run("rq5_end_to_end", tmp_path, cache)
+    meta = _run("rq5_end_to_end", tmp_path, cache, "--zero-unsent", "--catch-up")
     rows = _rows(tmp_path / "rq5_table.csv")
     for wl in ("minilm", "gpt"):
         by = {r["policy"]: r for r in rows if r["workload"] == wl}
@@ -136,6 +136,7 @@ def test_rq5_end_to_end(tmp_path: Path, cache: Path) -> None:
             assert imp <= _num(by["importance, head pinned"]["bytes_per_step"]) <= topk
         # a zero gradient for unsent parameters changes the optimizer, not what goes on the wire
         assert _num(by["importance, zero grads for unsent"]["bytes_per_step"]) == imp
+        assert _num(by["importance, catch-up"]["bytes_per_step"]) == imp  # catch-up too
         # igsim replays the same decisions: its bytes match the measured ones for the always-send policies
         for p in ("dense", "Top-k+EF"):
             assert _num(by[p]["sim_bytes_per_step"]) == pytest.approx(_num(by[p]["bytes_per_step"]), rel=0.05)
