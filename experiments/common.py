@@ -550,11 +550,12 @@ def run_jobs(
         runs_dir = cache / ("runs-inprocess" if inprocess else "runs")
     runs_dir.mkdir(parents=True, exist_ok=True)
     paths = [job_path(runs_dir, j) for j in jobs]
-    pending = [(dict(j), str(p)) for j, p in zip(jobs, paths) if not p.is_file()]
+    pending = list({str(p): (dict(j), str(p)) for j, p in zip(jobs, paths) if not p.is_file()}.values())
+    # (one run per distinct key: e.g. two threshold methods that split the same way train once)
     if pending:
         where = f"the testbed ({spec.num_ranks} ranks)" if spec is not None else (
             "1 rank in this process" if inprocess else f"{nproc} loopback ranks")  # fmt: skip
-        log(f"training {len(pending)} run(s) ({len(jobs) - len(pending)} cached) on {where}")
+        log(f"training {len(pending)} run(s) ({len(set(paths)) - len(pending)} cached) on {where}")
         t0 = time.monotonic()
         from igrt.workloads import prepare_workload
 

@@ -105,10 +105,15 @@ def _plot(study: Study, rows: Sequence[dict[str, Any]]) -> None:
     fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4), squeeze=False)
     for ax, wl in zip(axes[0], workloads):
         rs = [r for r in rows if r["workload"] == wl and r["method"] != "Top-k+EF"]
-        for i, r in enumerate(rs):
+        groups: dict[str, list[dict[str, Any]]] = {}  # methods that split the same way share a point
+        for r in rs:
+            groups.setdefault(r["plan"], []).append(r)
+        for i, same in enumerate(groups.values()):
+            r = same[0]
             ax.scatter(r["bytes_vs_topk"], r["quality_delta_vs_topk"], color=f"C{i}", s=40)
-            ax.annotate(f"{r['method']} ({r['num_important']} imp.)", (r["bytes_vs_topk"], r["quality_delta_vs_topk"]),
-                        fontsize=7, xytext=(4, 4), textcoords="offset points")  # fmt: skip
+            names = " = ".join(x["method"] for x in same)
+            ax.annotate(f"{names} ({r['num_important']} imp.)", (r["bytes_vs_topk"], r["quality_delta_vs_topk"]),
+                        fontsize=7, xytext=(4, 4 + 10 * (i % 2)), textcoords="offset points")  # fmt: skip
         ax.axvline(0.25, color="k", ls=":", label="bytes target 0.25")
         bound = -0.5 if wl == "minilm" else 1.0
         ax.axhline(bound, color="r", ls=":", label=f"quality bound {bound:+g} {rs[0]['delta_unit']}")

@@ -95,8 +95,8 @@ def run(study: Study) -> dict[str, Any]:
         for s in seeds:
             for v in variants[wl]:
                 jobs.append(common.job(workload=wl, policy=v["policy"], seed=s, steps=steps, tiny=quick,
-                                       plan_path=v["plan_path"], density=a.density,
-                                       release_period=a.release_period, **v["config"]))  # fmt: skip
+                                       plan_path=v["plan_path"], release_period=a.release_period,
+                                       **{"density": a.density, **v["config"]}))  # fmt: skip
                 tags.append(v["tag"])
         rates[wl] = common_rate(a, trace, plan)
     order = sorted(range(len(jobs)), key=lambda i: jobs[i]["seed"])  # seed 0 of everything first
@@ -123,7 +123,8 @@ def run(study: Study) -> dict[str, Any]:
             b = float(np.mean([r["stats"]["bytes_per_step"]["wire_bytes"] for r in res]))
             sim = common.simulate_star(
                 trace=trace, policy=p, plan=plan_p, num_ranks=a.nproc, bandwidth_bytes_per_s=rates[wl],
-                num_steps=4 * a.release_period, density=a.density, release_period=a.release_period,
+                num_steps=4 * a.release_period, density=v["config"].get("density", a.density),
+                release_period=a.release_period,
                 compute_scale=scale,
             )  # fmt: skip
             tb = testbed_runs.get((wl, tag))
@@ -167,7 +168,8 @@ def _variants(study: Study, wl: str, trace: Path, plan, plan_path: Path) -> list
     """The four policies, then diagnostic variants of the importance policy (not target rows):
     ``--pin`` components always sent; ``--zero-unsent``: parameters that sent nothing get a zero
     gradient instead of None (``skip_unsent=False``), so AdamW still steps them every step;
-    ``--catch-up``: each update scaled by the steps its gradient carries (``catch_up=True``)."""
+    ``--catch-up``: each update scaled by the steps its gradient carries (``catch_up=True``);
+    ``--equal-bytes``: Top-k+EF at the density that sends the importance policy's expected bytes."""
     a = study.args
     out = [{"tag": p, "label": LABELS[p], "policy": p, "plan": plan, "plan_path": plan_path, "config": {}}
            for p in POLICIES]  # fmt: skip
@@ -180,6 +182,11 @@ def _variants(study: Study, wl: str, trace: Path, plan, plan_path: Path) -> list
     if a.zero_unsent:
         out.append({"tag": "zero_unsent", "label": "importance, zero grads for unsent", "policy": "importance",
                     "plan": plan, "plan_path": plan_path, "config": {"skip_unsent": False}})  # fmt: skip
+    if a.equal_bytes:  # Top-k+EF thinned to the importance policy's expected bytes per step
+        low = common.plan_byte_share(plan)
+        d = a.density * ((1.0 - low) + low / a.release_period)
+        out.append({"tag": "topk_equal_bytes", "label": f"Top-k+EF at equal bytes (density {d:.4f})",
+                    "policy": "topk", "plan": None, "plan_path": None, "config": {"density": round(d, 6)}})  # fmt: skip
     if a.catch_up:
         out.append({"tag": "catch_up", "label": "importance, catch-up", "policy": "importance",
                     "plan": plan, "plan_path": plan_path, "config": {"catch_up": True}})  # fmt: skip
@@ -364,6 +371,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action=argparse.BooleanOptionalAction,
         default=False,
         help="also run the importance policy with catch_up=True (default off)",
+    )
+    parser.add_argument(
+        "--equal-bytes",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also run Top-k+EF thinned to the importance policy's bytes (default off)",
     )
     parser.add_argument("--release-period", type=int, default=4, help="R (default 4)")
     parser.add_argument(

@@ -125,7 +125,7 @@ def test_rq4_packing(tmp_path: Path, cache: Path) -> None:
 
 
 def test_rq5_end_to_end(tmp_path: Path, cache: Path) -> None:
-    meta = _run("rq5_end_to_end", tmp_path, cache, "--zero-unsent", "--catch-up")
+    meta = _run("rq5_end_to_end", tmp_path, cache, "--zero-unsent", "--catch-up", "--equal-bytes")
     rows = _rows(tmp_path / "rq5_table.csv")
     for wl in ("minilm", "gpt"):
         by = {r["policy"]: r for r in rows if r["workload"] == wl}
@@ -137,6 +137,8 @@ def test_rq5_end_to_end(tmp_path: Path, cache: Path) -> None:
         # a zero gradient for unsent parameters changes the optimizer, not what goes on the wire
         assert _num(by["importance, zero grads for unsent"]["bytes_per_step"]) == imp
         assert _num(by["importance, catch-up"]["bytes_per_step"]) == imp  # catch-up too
+        (thin,) = (r for p, r in by.items() if p.startswith("Top-k+EF at equal bytes"))
+        assert _num(thin["bytes_per_step"]) < topk  # a lower density, not the importance split
         # igsim replays the same decisions: its bytes match the measured ones for the always-send policies
         for p in ("dense", "Top-k+EF"):
             assert _num(by[p]["sim_bytes_per_step"]) == pytest.approx(_num(by[p]["bytes_per_step"]), rel=0.05)
