@@ -36,7 +36,9 @@ class CatchUp:
     gradients about to be applied (the Synchronizer's :meth:`~igrt.synchronizer.Synchronizer.update_scales`).
     """
 
-    def __init__(self, params: Mapping[str, torch.nn.Parameter], scales: Callable[[], Mapping[str, int]]) -> None:
+    def __init__(
+        self, params: Mapping[str, torch.nn.Parameter], scales: Callable[[], Mapping[str, int]]
+    ) -> None:
         self.params = dict(params)
         self.scales = scales
         self._saved: dict[str, tuple[int, torch.Tensor]] = {}

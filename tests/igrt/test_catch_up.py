@@ -134,3 +134,65 @@ def test_catch_up_config_rules():
         PolicyConfig(catch_up=1)
     sync = Synchronizer(TinyLM(), config=PolicyConfig(policy="topk"), plan=None)
     assert sync.attach_optimizer(torch.optim.SGD(sync.params.values(), lr=0.1)) is None  # off: nothing
+
+
+# --------------------------------------------------------------------------- the DDP hook, 2 ranks
+def _ddp_catch_up_worker(rank: int, world: int):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from igrt.ddp_hook import ImportanceHookState, importance_hook
+
+    torch.manual_seed(0)
+    model = TinyLM()
+    plan = make_plan(build_param_infos(named_parameters(model)), release_period=3, low_every=2)
+    ddp = DDP(model, bucket_cap_mb=0.02)
+    state = ImportanceHookState(
+        ddp, config=PolicyConfig(policy="importance", density=0.2, release_period=3, catch_up=True), plan=plan
+    )
+    ddp.register_comm_hook(state, importance_hook)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    state.attach(opt)  # finish_step, then catch-up's pre-hook
+    last = dict.fromkeys(state.sync.params, -1)
+    for t in range(7):
+        opt.zero_grad(set_to_none=True)
+        tokens = torch.randint(0, 50, (3, 9), generator=torch.Generator().manual_seed(100 * rank + t))
+        logits = ddp(tokens[:, :-1])
+        torch.nn.functional.cross_entropy(logits.reshape(-1, 50), tokens[:, 1:].reshape(-1)).backward()
+        opt.step()
+        scales = state.sync.update_scales()
+        assert scales, f"step {t}: no parameter recorded as sent"
+        for n, h in scales.items():
+            assert h == t - last[n], (n, t, h, last[n])
+            last[n] = t
+    applied = state.sync._catch_up.applied
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(world)]
+    torch.distributed.all_gather(gathered, flat)
+    assert torch.equal(gathered[0], gathered[1])  # scaled updates keep the replicas identical
+    return applied
+
+
+def test_ddp_hook_with_catch_up_keeps_replicas_identical():
+    from tests.igrt.dist_util import run_distributed
+
+    applied = run_distributed(_ddp_catch_up_worker, world_size=2, timeout_s=120)
+    assert applied[0] == applied[1] > 0
+
+
+def test_igrt_train_flag_sets_catch_up(tmp_path):
+    import argparse
+    import json
+
+    from igrt.cmd_train import add_arguments, policy_config
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert policy_config(parser.parse_args(["--workload", "gpt", "--policy", "topk"])).catch_up is False
+    assert policy_config(parser.parse_args(["--workload", "gpt", "--policy", "topk", "--catch-up"])).catch_up
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"policy": "importance", "catch_up": True}))
+    args = parser.parse_args(["--workload", "gpt", "--config", str(cfg), "--no-catch-up"])
+    assert policy_config(args).catch_up is False  # the flag overrides the file
+    cfg.write_text(json.dumps({"policy": "importance", "catch_up": True, "skip_unsent": False}))
+    with pytest.raises(ValueError, match="skip_unsent"):
+        policy_config(parser.parse_args(["--workload", "gpt", "--config", str(cfg)]))
