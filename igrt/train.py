@@ -209,8 +209,17 @@ class _RankRun:
         _barrier(self.ctx.world_size)
         return out
 
-    def step(self, batches) -> StepMetrics:
-        """One optimizer step; its row with compute / step / exposed times filled (see docs/runtime.md)."""
+    def step(self, batches, *, watchdog=None) -> StepMetrics:
+        """One optimizer step; its row with compute / step / exposed times filled (see docs/runtime.md).
+
+        ``watchdog`` (an :class:`igrt.watchdog.RankWatchdog`) guards the whole step: a collective that
+        fails because a peer died or stalled raises :class:`~igrt.watchdog.PeerFailure` naming it.
+        """
+        t = _sync_step(self.sync)
+        with watchdog.watch(t) if watchdog is not None else contextlib.nullcontext():
+            return self._step(batches)
+
+    def _step(self, batches) -> StepMetrics:
         o, device = self.o, self.ctx.device
         _device_sync(device)
         t0 = time.perf_counter()
@@ -250,6 +259,26 @@ class _RankRun:
         return row
 
 
+@contextlib.contextmanager
+def _watchdog(ctx):
+    """A RankWatchdog over the training steps of a multi-rank run (None on one rank)."""
+    if ctx.world_size == 1 or not dist.is_initialized():
+        yield None
+        return
+    from igrt.watchdog import RankWatchdog
+
+    _RUNS[0] += 1  # every rank trains the same runs in the same order: the same key prefix
+    with RankWatchdog(interval_s=1.0, prefix=f"igrt/train/{_RUNS[0]}") as wd:
+        yield wd
+
+
+_RUNS = [0]  # training runs started in this process (several share one group in experiments/)
+
+
+def _sync_step(sync) -> int:
+    return int(getattr(sync, "sync", sync).step_index)
+
+
 def _hook_exposed_s(state, backward_end: float) -> float:
     """ddp-hook: seconds from the last collective's launch to the end of backward (DDP waits for
     every bucket there). Reads the hook state's pending step (it has no public accessor)."""
@@ -281,20 +310,22 @@ def train_on_rank(ctx, options: TrainOptions, *, workload=None) -> RankOutcome:
     desc = f"train {o.workload} {o.config.policy}"
     bar = tqdm(total=o.steps, initial=start, desc=desc, disable=ctx.rank != 0 or not o.progress)
     log, train_s = MetricsLog(), 0.0
-    for done in range(start + 1, o.steps + 1):
-        row = run.step(batches)
-        log.append(row)
-        train_s += row.step_s
-        bar.update(1)
-        bar.set_postfix(loss=f"{row.extra['loss']:.3f}", kB=f"{row.wire_bytes / 1e3:.0f}")
-        if o.evaluate and o.eval_every and done % o.eval_every == 0 and done < o.steps:
-            evals += run.evaluate(done)
-        if ckpt_dir is not None and (
-            done == o.steps or (o.checkpoint_every and done % o.checkpoint_every == 0)
-        ):
-            run.save(ckpt_dir, done)  # the last one before the flush: a resumed run continues it
+    with _watchdog(ctx) as watchdog:
+        for done in range(start + 1, o.steps + 1):
+            row = run.step(batches, watchdog=watchdog)
+            log.append(row)
+            train_s += row.step_s
+            bar.update(1)
+            bar.set_postfix(loss=f"{row.extra['loss']:.3f}", kB=f"{row.wire_bytes / 1e3:.0f}")
+            if o.evaluate and o.eval_every and done % o.eval_every == 0 and done < o.steps:
+                evals += run.evaluate(done)
+            if ckpt_dir is not None and (
+                done == o.steps or (o.checkpoint_every and done % o.checkpoint_every == 0)
+            ):
+                run.save(ckpt_dir, done)  # the last one before the flush: a resumed run continues it
     bar.close()
     flush_row = run.flush()
+
     if o.evaluate:
         evals += run.evaluate(o.steps, after_flush=True)
     rows, flush_rows = _gather(ctx, list(log), [flush_row])
