@@ -28,8 +28,6 @@ and raises ValueError on every rank when they differ.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -47,7 +45,8 @@ from igrt.catch_up import CatchUp
 from igrt.comm import aggregate_pairs, wire_dtypes
 from igrt.metrics import MetricsLog, PhaseTimer
 from igrt.residuals import ResidualState, send_param
-from igrt.sparsifiers import Sparsifier, make_sparsifier, sparsifier_state
+from igrt.sparsifiers import Sparsifier, sparsifier_state
+from igrt.sync_setup import build_param_infos, default_sparsifier, fingerprint_parts, named_parameters
 
 __all__ = [
     "STATE_FORMAT",
@@ -59,55 +58,6 @@ __all__ = [
 ]
 
 STATE_FORMAT = "igsync/1"
-_FP_LEN = 16
-
-
-# --------------------------------------------------------------------------- shared helpers
-def named_parameters(model_or_named: Any) -> list[tuple[str, torch.nn.Parameter]]:
-    """(name, parameter) pairs that require grad, from a module or an iterable of pairs."""
-    if isinstance(model_or_named, torch.nn.Module):
-        pairs = list(model_or_named.named_parameters())
-    else:
-        pairs = list(model_or_named)
-    out = [(str(n), p) for n, p in pairs if p.requires_grad]
-    names = [n for n, _ in out]
-    if len(set(names)) != len(names):
-        raise ValueError("Synchronizer: parameter names must be unique")
-    return out
-
-
-def build_param_infos(named: Sequence[tuple[str, torch.Tensor]]) -> list[ParamInfo]:
-    """ParamInfo per parameter via :func:`igpolicy.components.param_infos` (name → component)."""
-    from igpolicy.components import param_infos
-
-    return list(param_infos([(n, tuple(p.shape), str(p.dtype).removeprefix("torch.")) for n, p in named]))
-
-
-def default_sparsifier(config: PolicyConfig) -> Sparsifier:
-    """``config.sparsifier`` (``adtopk`` whenever the policy is ``adtopk``), seeded by ``config.seed``.
-
-    ``threshold`` needs its threshold: pass ``sparsifier=make_sparsifier("threshold", threshold=...)``.
-    """
-    name = "adtopk" if config.policy == "adtopk" else config.sparsifier
-    return make_sparsifier(name, seed=config.seed)
-
-
-def _digest(obj: Any) -> str:
-    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:_FP_LEN]
-
-
-def fingerprint_parts(
-    *, plan: SyncPlan | None, config: PolicyConfig, infos: Sequence[ParamInfo], sparsifier: Sparsifier
-) -> dict[str, str]:
-    """16-character digests that must agree on every rank (and between a checkpoint and a resume)."""
-    sp = {k: v for k, v in sparsifier_state(sparsifier).items() if k != "rank"}
-    return {
-        "plan": plan.fingerprint if plan is not None else "none",
-        "config": _digest(config.to_dict()),
-        "params": _digest([[i.name, list(i.shape), i.component] for i in infos]),
-        "sparsifier": _digest(sp),
-    }
 
 
 def _set_grad(p: torch.Tensor, flat: torch.Tensor | None, *, skip_unsent: bool) -> None:

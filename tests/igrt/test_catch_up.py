@@ -196,3 +196,21 @@ def test_igrt_train_flag_sets_catch_up(tmp_path):
     cfg.write_text(json.dumps({"policy": "importance", "catch_up": True, "skip_unsent": False}))
     with pytest.raises(ValueError, match="skip_unsent"):
         policy_config(parser.parse_args(["--workload", "gpt", "--config", str(cfg)]))
+
+
+def test_config_fingerprint_of_states_saved_before_catch_up_existed():
+    import hashlib
+    import json
+
+    from igrt.sync_setup import default_sparsifier, fingerprint_parts
+
+    infos = build_param_infos(named_parameters(TinyLM()))
+
+    def fp(config):
+        return fingerprint_parts(plan=None, config=config, infos=infos, sparsifier=default_sparsifier(config))
+
+    config = PolicyConfig(policy="topk")
+    before = {k: v for k, v in config.to_dict().items() if k != "catch_up"}  # the dict of older versions
+    text = json.dumps(before, sort_keys=True, separators=(",", ":"), default=str)
+    assert fp(config)["config"] == hashlib.sha256(text.encode()).hexdigest()[:16]
+    assert fp(PolicyConfig(policy="topk", catch_up=True))["config"] != fp(config)["config"]
