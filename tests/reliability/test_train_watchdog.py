@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -34,26 +35,34 @@ def _children(pid: int) -> list[int]:
 
 def test_a_frozen_rank_is_named_by_the_survivor(tmp_path):
     cmd = [sys.executable, "-m", "igrt", "train", "--workload", "gpt", "--tiny", "--policy", "topk",
-           "--nproc", "2", "--steps", "100000", "--no-eval", "--no-progress", "--timeout", "6",
+           "--nproc", "2", "--steps", "100000", "--no-eval", "--timeout", "6",
            "--out", str(tmp_path / "run")]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    chunks: list[bytes] = []  # stderr as it comes: rank 0's progress bar, then the diagnosis
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stderr.read1(4096), b"")))
+    reader.start()
     frozen = None
     try:
-        deadline = time.monotonic() + 120
-        while len(kids := _children(proc.pid)) < 2:
-            assert proc.poll() is None and time.monotonic() < deadline, "the ranks did not start"
+        deadline = time.monotonic() + 180
+        while b"/100000" not in b"".join(chunks[-4:]) or len(kids := _children(proc.pid)) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
             time.sleep(0.5)
-        time.sleep(8)  # past start-up and pre-training, into the steps
-        assert proc.poll() is None
+        time.sleep(2)
         frozen = kids[1]
         os.kill(frozen, signal.SIGSTOP)
-        _, err = proc.communicate(timeout=90)
+        try:  # the survivor's diagnosis ends ~10 s after the freeze (timeout 6 s + 3 heartbeats)
+            proc.wait(timeout=25)
+        except subprocess.TimeoutExpired:  # the spawner's SIGTERM waits for the frozen rank: thaw it
+            os.kill(frozen, signal.SIGCONT)
+            proc.wait(timeout=90)
     finally:
         if frozen is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(frozen, signal.SIGCONT)
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.wait()
+        reader.join(timeout=10)
+    err = b"".join(chunks).decode(errors="replace")
     assert proc.returncode != 0
     assert "PeerFailure" in err and "rank 1 is dead" in err, err[-3000:]
