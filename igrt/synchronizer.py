@@ -456,11 +456,10 @@ class Synchronizer:
         if sd["world_size"] != self.world_size:
             self.residuals.zero_()
         self.step_index = int(sd["step"])
-        # states written before catch-up existed: as if every parameter had just stepped (scale 1)
-        saved_last = sd.get("last_sent") or {}
+        # absent (states written before catch-up existed) or flushed for a new world size: as if every
+        # parameter had just stepped (scale 1)
+        saved_last = sd.get("last_sent") or {} if sd["world_size"] == self.world_size else {}
         self.last_sent = {n: int(saved_last.get(n, self.step_index - 1)) for n in self.last_sent}
-        if sd["world_size"] != self.world_size:  # flushed: every parameter stepped on the flush
-            self.last_sent = dict.fromkeys(self.last_sent, self.step_index - 1)
 
     def parameters(self) -> Iterable[tuple[str, torch.nn.Parameter]]:
         return self.params.items()

@@ -39,6 +39,7 @@ from igpolicy.config import PolicyConfig
 from igpolicy.plan import SyncPlan, compare_plans
 from igpolicy.vocab import ParamInfo, StepMetrics
 from igrt.metrics import MetricsLog
+from igrt.train_checkpoint import barrier as _barrier
 from igrt.train_checkpoint import load_checkpoint, save_checkpoint
 
 __all__ = [
@@ -123,11 +124,6 @@ def check_plan(plan: SyncPlan, infos: list[ParamInfo], *, where: str = "SyncPlan
 
 
 # --------------------------------------------------------------------------- the loop
-def _barrier(world_size: int) -> None:
-    if world_size > 1:
-        dist.barrier()
-
-
 def _device_sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -215,7 +211,7 @@ class _RankRun:
         ``watchdog`` (an :class:`igrt.watchdog.RankWatchdog`) guards the whole step: a collective that
         fails because a peer died or stalled raises :class:`~igrt.watchdog.PeerFailure` naming it.
         """
-        t = _sync_step(self.sync)
+        t = self.sync.step_index  # the hook's Synchronizer too
         with watchdog.watch(t) if watchdog is not None else contextlib.nullcontext():
             return self._step(batches)
 
@@ -275,10 +271,6 @@ def _watchdog(ctx):
 _RUNS = [0]  # training runs started in this process (several share one group in experiments/)
 
 
-def _sync_step(sync) -> int:
-    return int(getattr(sync, "sync", sync).step_index)
-
-
 def _hook_exposed_s(state, backward_end: float) -> float:
     """ddp-hook: seconds from the last collective's launch to the end of backward (DDP waits for
     every bucket there). Reads the hook state's pending step (it has no public accessor)."""
@@ -325,7 +317,6 @@ def train_on_rank(ctx, options: TrainOptions, *, workload=None) -> RankOutcome:
                 run.save(ckpt_dir, done)  # the last one before the flush: a resumed run continues it
     bar.close()
     flush_row = run.flush()
-
     if o.evaluate:
         evals += run.evaluate(o.steps, after_flush=True)
     rows, flush_rows = _gather(ctx, list(log), [flush_row])

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from igrt.checkpoint import load_sync_state, save_sync_state
 
-__all__ = ["CHECKPOINT_FORMAT", "STATE_NAME", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CHECKPOINT_FORMAT", "STATE_NAME", "barrier", "load_checkpoint", "save_checkpoint"]
 
 STATE_NAME = "train-state.pt"
 CHECKPOINT_FORMAT = "igtrain/1"
@@ -30,7 +30,8 @@ def _atomic_save(obj: Any, path: Path) -> None:
     tmp.replace(path)
 
 
-def _barrier(world_size: int) -> None:
+def barrier(world_size: int) -> None:
+    """``dist.barrier()`` when there is more than one rank."""
     if world_size > 1:
         dist.barrier()
 
@@ -51,7 +52,7 @@ def save_checkpoint(
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["cuda"] = torch.cuda.get_rng_state()
     _atomic_save(rng, d / f"rng-rank{rank:03d}.pt")
-    _barrier(world_size)
+    barrier(world_size)
     if rank == 0:
         state = {
             "format": CHECKPOINT_FORMAT,
@@ -65,7 +66,7 @@ def save_checkpoint(
         for old in root.glob("step-*"):
             if old != d:
                 shutil.rmtree(old, ignore_errors=True)
-    _barrier(world_size)
+    barrier(world_size)
 
 
 def _resolve_checkpoint(path: str | Path) -> Path:
