@@ -109,7 +109,7 @@ def main() -> None:
             "  + after backward, per-step k (50 steps)",
             workload=with_recorded_k(w, num_steps=50, density=0.0005),
             config=cfg("importance", density=0.0005, collective="sparse"),
-            overlap=False,
+            integration="sync",
             **common,
         ),
         run(

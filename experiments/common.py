@@ -444,7 +444,7 @@ def simulate_star(
         topology=topology,
         calibration=calibration,
         num_steps=num_steps,
-        overlap=overlap,
+        integration="ddp-hook" if overlap else "sync",
     )
     summary = result.summary()
     summary["steps_per_s"] = 1.0 / summary["step_s_mean"] if summary["step_s_mean"] > 0 else math.nan

@@ -88,7 +88,7 @@ def _sim_rows(study: Study, name: str, workload, plan, *, topology, overlap: boo
                               packing=packing, num_buckets=None if packing == "ddp" else a.num_buckets,
                               bucket_cap_bytes=cap)  # fmt: skip
         res = simulate(workload=workload, config=config, plan=plan, topology=topology,
-                       num_steps=4 * a.release_period, overlap=overlap).summary()  # fmt: skip
+                       num_steps=4 * a.release_period, integration="ddp-hook" if overlap else "sync").summary()  # fmt: skip
         rows.append({"source": "igsim", "case": name, "overlap": overlap, "packing": packing,
                      "num_buckets": nb, "imbalance_mean": imb, "imbalance_max": imb_max,
                      "gap_to_lower_bound": gap, "step_s": res["step_s_mean"],

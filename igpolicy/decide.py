@@ -8,7 +8,6 @@ and are what the wire-byte counters measure.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -18,6 +17,7 @@ from igpolicy.packing import pack
 from igpolicy.plan import SyncPlan, compare_plans
 from igpolicy.schedule import AlwaysSchedule, ImportanceSchedule, PeriodicSchedule, assign_phases
 from igpolicy.vocab import CollectiveKind, ComponentId, PackingPlan, ParamInfo, PayloadBlock, ReleaseDecision
+from igpolicy.wire import nominal_k
 
 __all__ = [
     "BucketDecision",
@@ -54,13 +54,6 @@ class StepDecision:
     @property
     def num_collectives(self) -> int:
         return len(self.buckets)
-
-
-def nominal_k(numel: int, density: float) -> int:
-    """Entries a sparsifier keeps: ceil(density · numel), at least 1 and at most numel (0 for empty)."""
-    if numel <= 0:
-        return 0
-    return min(numel, max(1, math.ceil(density * numel - 1e-9)))
 
 
 def _kind(param: ParamInfo) -> str:

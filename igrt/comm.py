@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from igpolicy.config import PolicyConfig
+from igpolicy.wire import HEADER_BYTES, pairs_layout
 
 __all__ = [
     "CommCounter",
@@ -42,8 +43,6 @@ __all__ = [
     "world_size",
 ]
 
-_HEADER_BYTES = 8  # int64 pair count at the start of every rank's encoded buffer
-_ALIGN = 8
 
 
 @dataclass
@@ -112,22 +111,18 @@ def aggregate_pairs(
 
 
 # --------------------------------------------------------------------------- encoding
-def _padded_len(capacity: int, index_bytes: int, value_bytes: int) -> int:
-    raw = _HEADER_BYTES + capacity * (index_bytes + value_bytes)
-    return -(-raw // _ALIGN) * _ALIGN
-
-
 def encode_pairs(indices: torch.Tensor, values: torch.Tensor, *, capacity: int) -> torch.Tensor:
-    """One rank's pairs as a uint8 buffer: int64 count, indices, values, each padded to ``capacity``."""
+    """One rank's pairs as a uint8 buffer laid out by :func:`igpolicy.wire.pairs_layout`: int64
+    count, indices, values, each padded to ``capacity``."""
     k = indices.numel()
     if k != values.numel():
         raise ValueError(f"encode_pairs: {k} indices but {values.numel()} values")
     assert k <= capacity, f"encode_pairs: {k} pairs exceed the capacity {capacity}"
     ib, vb = indices.element_size(), values.element_size()
-    buf = torch.zeros(_padded_len(capacity, ib, vb), dtype=torch.uint8, device=values.device)
-    buf[:_HEADER_BYTES].view(torch.int64).fill_(k)
-    i0 = _HEADER_BYTES
-    v0 = i0 + capacity * ib
+    lay = pairs_layout(capacity, index_bytes=ib, value_bytes=vb)
+    buf = torch.zeros(lay.size_bytes, dtype=torch.uint8, device=values.device)
+    buf[:HEADER_BYTES].view(torch.int64).fill_(k)
+    i0, v0 = lay.index_offset, lay.value_offset
     if k:
         buf[i0 : i0 + k * ib].view(indices.dtype).copy_(indices)
         buf[v0 : v0 + k * vb].view(values.dtype).copy_(values)
@@ -145,15 +140,15 @@ def decode_pairs(
     """Inverse of :func:`encode_pairs` over the all-gathered buffers of ``num_ranks`` ranks."""
     ib = torch.empty(0, dtype=index_dtype).element_size()
     vb = torch.empty(0, dtype=value_dtype).element_size()
-    chunk = _padded_len(capacity, ib, vb)
+    lay = pairs_layout(capacity, index_bytes=ib, value_bytes=vb)
+    chunk = lay.size_bytes
     assert flat.numel() == num_ranks * chunk, "decode_pairs: buffer length does not match"
     out = []
+    i0, v0 = lay.index_offset, lay.value_offset
     for r in range(num_ranks):
         buf = flat[r * chunk : (r + 1) * chunk]
-        k = int(buf[:_HEADER_BYTES].view(torch.int64).item())
+        k = int(buf[:HEADER_BYTES].view(torch.int64).item())
         assert 0 <= k <= capacity, f"decode_pairs: rank {r} claims {k} pairs, capacity {capacity}"
-        i0 = _HEADER_BYTES
-        v0 = i0 + capacity * ib
         out.append((buf[i0 : i0 + k * ib].view(index_dtype), buf[v0 : v0 + k * vb].view(value_dtype)))
     return out
 

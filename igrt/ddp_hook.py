@@ -8,20 +8,20 @@
         with ddp.no_sync(): ...        # micro-batches: DDP accumulates locally, the hook is not called
         loss(ddp, batch).backward()    # the boundary: the hook runs per DDP bucket as grads get ready
         optimizer.step(); optimizer.zero_grad(set_to_none=True)
+    state.sync.log[-1]                 # the last step's StepMetrics row
 
-Design. DDP hands the hook its own buckets, which are not the buckets :func:`decide_step` packs, so
-the hook keeps every *per-parameter* decision of ``decide_step`` (who sends this step, with which
-k) and lets DDP's bucket boundaries decide the packing: per DDP bucket, its sending parameters
-travel as one asynchronous collective (concatenated int32 indices + values, padded to the bucket's
-nominal k, or the zero-filled dense sub-bucket), chosen by :func:`igpolicy.choice.choose_collective`
-on that sub-bucket's nominal sizes (a pure function: every rank picks the same). So bytes per
-parameter match the Synchronizer and the simulator; the number of collectives follows DDP's
-buckets. A bucket with nothing to send returns an already-completed future (no collective).
+Design. DDP hands the hook its own buckets. Per DDP bucket the ops are
+:func:`igpolicy.step_plan.bucket_ops`'s (through the state's :class:`~igpolicy.planner.StepPlanner`):
+the bucket's parameters that send this step travel as one asynchronous collective, a bounded
+sparsifier's gather padded to the nominal k with the count in its header, others after a count
+exchange, a dense sub-bucket as one all-reduce; :class:`igrt.executor.Executor` performs them. A
+bucket with nothing to send returns an already-completed future (no collective). The step plan of
+a whole step is :func:`igpolicy.step_plan.build_step_plan` over DDP's buckets as seen
+(``StepRun.ddp_buckets``), which the simulator predicts with :func:`igpolicy.step_plan.ddp_buckets`.
 
 Parameters are keyed by NAME (an id → name map of the module's parameters), so DDP rebuilding its
-buckets after the first iteration changes nothing. Residuals, selection and averaging are the
-Synchronizer's own functions (:func:`igrt.residuals.send_param`, :func:`igrt.comm.aggregate_pairs`), and the
-state wraps a :class:`Synchronizer` for decisions, residuals, flush and checkpoints.
+buckets after the first iteration changes nothing. The state wraps a :class:`Synchronizer` for
+decisions, residuals, flush and checkpoints, and uses only its public methods.
 
 The hook cannot set a gradient to None (DDP writes every bucket back), so unsent parameters come
 back as zeros and :meth:`ImportanceHookState.finish_step` sets them to None afterwards
@@ -37,20 +37,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from igpolicy.choice import choose_collective
 from igpolicy.config import PolicyConfig
-from igpolicy.decide import StepDecision
 from igpolicy.plan import SyncPlan
-from igpolicy.vocab import CollectiveKind, ParamInfo, StepMetrics
-from igrt import comm
-from igrt.comm import aggregate_pairs
-from igrt.residuals import send_param
+from igpolicy.step_plan import CollectiveOp, OpKind
+from igpolicy.vocab import ParamInfo, StepMetrics
+from igrt.executor import StepRun, union_length
+from igrt.metrics import PhaseTimer
 from igrt.sparsifiers import Sparsifier
 from igrt.synchronizer import Synchronizer
 
 __all__ = ["ImportanceHookState", "importance_hook"]
-
-_BOUNDED = ("topk", "adtopk", "randomk")  # sparsifiers that never return more than k indices
 
 
 class ImportanceHookState:
@@ -79,50 +75,44 @@ class ImportanceHookState:
             sync_cuda_timing=False,
         )
         self.name_of: dict[int, str] = {id(p): n for n, p in self.sync.params.items()}
-        self._decision: StepDecision | None = None
-        self._pending: list[dict[str, Any]] = []  # finished steps awaiting finish_step
-        self._current: dict[str, Any] | None = None
+        self._pending: list[StepRun] = []  # finished backward passes awaiting finish_step
+        self._current: StepRun | None = None
 
     # ------------------------------------------------------------------ step bookkeeping
     @property
     def config(self) -> PolicyConfig:
         return self.sync.config
 
-    def _begin(self) -> dict[str, Any]:
+    def _begin(self) -> StepRun:
         if self._current is None:
-            t = self.sync.step_index
-            self._decision = self.sync.decide(t)
-            self._current = {
-                "step": t,
-                "decision": self._decision,
-                "counter": comm.CommCounter(),
-                "intervals": [],
-                "bucket_bytes": [],
-                "unsent": set(),
-                "low_bytes": 0,
-                "t0": time.perf_counter(),
-                "select_s": 0.0,
-            }
+            self._current = StepRun(step=self.sync.step_index, timer=PhaseTimer())
         return self._current
 
     def _end_backward(self) -> None:
         assert self._current is not None
         self._pending.append(self._current)
         self._current = None
-        self.sync.step_index += 1
+        self.sync.advance_step()
+
+    def last_launch_s(self) -> float | None:
+        """perf_counter time of the latest collective launch of the backward passes not yet finished
+        by :meth:`finish_step` (None when they launched nothing)."""
+        starts = [a for run in self._pending for a, _ in run.intervals]
+        return max(starts) if starts else None
 
     def finish_step(self) -> list[StepMetrics]:
         """After backward: unsent grads -> None (or zeros) and one StepMetrics row per finished step."""
         rows = []
-        for cur in self._pending:
-            for name in cur["unsent"]:
-                p = self.sync.params[name]
+        for run in self._pending:
+            for name, p in self.sync.params.items():
+                if name in run.results:
+                    continue
                 if self.config.skip_unsent:
                     p.grad = None
                 elif p.grad is not None:
                     p.grad.zero_()
-            self.sync.note_sent([n for n in self.sync.params if n not in cur["unsent"]], cur["step"])
-            rows.append(self._metrics(cur))
+            self.sync.note_sent([n for n in self.sync.params if n in run.results], run.step)
+            rows.append(self._metrics(run))
         self._pending = []
         return rows
 
@@ -146,183 +136,64 @@ class ImportanceHookState:
         self.sync.attach_optimizer(optimizer)  # catch-up's hooks run after finish_step's (config.catch_up)
         return handle
 
-    def _metrics(self, cur: dict[str, Any]) -> StepMetrics:
-        counter: comm.CommCounter = cur["counter"]
-        comm_s = _union_length(cur["intervals"])
-        sizes = [b for b in cur["bucket_bytes"] if b > 0]
-        imbalance = max(sizes) / (sum(sizes) / len(sizes)) if sizes else 1.0
-        decision: StepDecision = cur["decision"]
-        row = StepMetrics(
-            step=cur["step"],
-            rank=self.sync.rank,
-            source="real",
+    def _metrics(self, run: StepRun) -> StepMetrics:
+        sizes = [
+            r.bytes.values_bytes + r.bytes.indices_bytes + r.bytes.dense_bytes + r.bytes.metadata_bytes
+            for r in run.records
+            if r.op.kind != OpKind.COUNT_EXCHANGE
+        ]
+        sync = self.sync
+        decision = sync.decide(run.step)
+        components = {i.component for i in sync.infos}
+        row = run.metrics(
+            rank=sync.rank,
             policy=self.config.policy,
-            values_bytes=counter.values_bytes,
-            indices_bytes=counter.indices_bytes,
-            dense_bytes=counter.dense_bytes,
-            metadata_bytes=counter.metadata_bytes,
-            num_collectives=counter.num_collectives,
-            num_sending_components=len(decision.release.send),
-            low_bytes=cur["low_bytes"],
-            comm_s=comm_s,
-            step_s=time.perf_counter() - cur["t0"],
-            bucket_imbalance=imbalance,
-            residual_norm=self.sync.residuals.total_norm(),
-            extra={
-                "select_s": cur["select_s"],
-                "padding_bytes": float(counter.padding_bytes),
-                "ddp_hook": 1.0,
-            },
+            comm_s=union_length(run.intervals),
+            exposed_comm_s=0.0,  # the caller knows when backward ended (train: last_launch_s)
+            step_s=time.perf_counter() - run.t0,
+            num_sending_components=len(decision.release.send & components),
+            bucket_imbalance=max(sizes) / (sum(sizes) / len(sizes)) if sizes else 1.0,
+            residual_norm=sync.residuals.total_norm(),
+            extra={"ddp_hook": 1.0, "num_ddp_buckets": float(len(run.ddp_buckets))},
         )
-        self.sync.log.append(row)
+        sync.record(row, run)
         return row
-
-
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
-
-
-def _completed(tensor: torch.Tensor) -> torch.futures.Future:
-    fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result(tensor)
-    return fut
 
 
 def importance_hook(
     state: ImportanceHookState, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: sparse, importance-scheduled averaging of one DDP bucket (see module doc)."""
-    cur = state._begin()
+    run = state._begin()
     sync = state.sync
-    decision: StepDecision = cur["decision"]
-    counter: comm.CommCounter = cur["counter"]
     buffer = bucket.buffer()
     base = buffer.data_ptr()
-    t_sel = time.perf_counter()
-    sending = []  # (name, param, grad view, offset in buffer)
+    names, views, offsets = [], {}, {}
     for p, g in zip(bucket.parameters(), bucket.gradients()):
         name = state.name_of[id(p)]
-        offset = (g.data_ptr() - base) // g.element_size()
-        if name in decision.sending_params:
-            sending.append((name, p, g, offset))
-        else:
-            sync.residuals.hold(name, sync.residuals.accumulate(name, g, like=p))
-            cur["unsent"].add(name)
+        names.append(name)
+        views[name] = g
+        offsets[name] = (g.data_ptr() - base) // g.element_size()
+    run.ddp_buckets.append(tuple(names))
+    ops = sync.planner.ddp_bucket_ops(run.step, bucket=len(run.ddp_buckets) - 1, names=names)
+    sending = set(ops[-1].param_names) if ops else set()
+    with run.timer.phase("hold"):
+        for name in names:
+            if name not in sending:
+                sync.hold(name, views[name])
     if bucket.is_last():
         state._end_backward()
-    if not sending:
-        cur["select_s"] += time.perf_counter() - t_sel
-        cur["bucket_bytes"].append(0)
-        return _completed(buffer.zero_())
 
-    cfg = sync.config
-    ks = {name: sync.k[name] for name, *_ in sending}
-    numel = sum(p.numel() for _, p, _, _ in sending)
-    nnz = sum(k if k is not None else p.numel() for (_, p, _, _), k in zip(sending, ks.values()))
-    if cfg.sparse:
-        kind = choose_collective(
-            numel=numel,
-            nnz_per_rank=[nnz] * sync.world_size,
-            index_bytes=cfg.index_bytes,
-            value_bytes=cfg.value_bytes,
-            mode=cfg.collective,
-        )
-    else:
-        kind = CollectiveKind.DENSE_ALLREDUCE
-    parts, sub_off = [], 0
-    for name, p, g, offset in sending:
-        idx, vals = send_param(
-            sync.residuals,
-            sync.sparsifier,
-            name=name,
-            grad=g,
-            like=p,
-            k=ks[name],
-            step=cur["step"],
-            value_dtype=sync.value_dtype,
-        )
-        parts.append((name, p, offset, sub_off, idx, vals))
-        sub_off += p.numel()
-    cur["select_s"] += time.perf_counter() - t_sel
-    before = counter.wire_bytes
-    if kind == CollectiveKind.DENSE_ALLREDUCE:
-        fut = _launch_dense(state, parts, numel, buffer, cur)
-    else:
-        fut = _launch_sparse(state, parts, numel, nnz, buffer, cur)
-    cur["bucket_bytes"].append(counter.wire_bytes - before)
-    ib = torch.empty(0, dtype=sync.index_dtype).element_size()
-    vb = torch.empty(0, dtype=sync.value_dtype).element_size()
-    for name, p, _, _, idx, _ in parts:
-        if sync.phases[sync.component[name]] is not None:
-            if kind == CollectiveKind.DENSE_ALLREDUCE:
-                cur["low_bytes"] += p.numel() * vb
-            else:
-                cur["low_bytes"] += (p.numel() if idx is None else idx.numel()) * (ib + vb)
-    return fut
+    def write_back(op: CollectiveOp, acc: torch.Tensor) -> torch.Tensor:
+        """The bucket result: averaged values of sending parameters, zeros for the others."""
+        out = torch.zeros_like(buffer)
+        sub = 0
+        for name, n in zip(op.param_names, op.param_numel):
+            out[offsets[name] : offsets[name] + n].copy_(acc[sub : sub + n])
+            run.results[name] = acc[sub : sub + n]
+            sub += n
+        return out
 
-
-def _write_back(buffer: torch.Tensor, parts, averaged: torch.Tensor) -> torch.Tensor:
-    """The bucket result: averaged values of sending parameters, zeros for the others."""
-    out = torch.zeros_like(buffer)
-    for _, p, offset, sub_off, _, _ in parts:
-        n = p.numel()
-        out[offset : offset + n].copy_(averaged[sub_off : sub_off + n])
-    return out
-
-
-def _launch_dense(state, parts, numel, buffer, cur) -> torch.futures.Future:
-    sync = state.sync
-    flat = torch.zeros(numel, dtype=sync.value_dtype, device=buffer.device)
-    for _, p, _, sub_off, idx, vals in parts:
-        target = flat[sub_off : sub_off + p.numel()]
-        target.copy_(vals) if idx is None else target.index_copy_(0, idx, vals)
-    t0 = time.perf_counter()
-    work = comm.dense_all_reduce(flat, sync.group, counter=cur["counter"], async_op=True)
-    world = sync.world_size
-
-    def done(_fut=None) -> torch.Tensor:
-        cur["intervals"].append((t0, time.perf_counter()))
-        return _write_back(buffer, parts, flat.to(torch.float32).div_(world))
-
-    if work is None:
-        return _completed(done())
-    return work.get_future().then(lambda f: done(f))
-
-
-def _launch_sparse(state, parts, numel, nnz, buffer, cur) -> torch.futures.Future:
-    sync = state.sync
-    idx_parts, val_parts = [], []
-    for _, p, _, sub_off, idx, vals in parts:
-        if idx is None:
-            idx = torch.arange(p.numel(), device=buffer.device)
-        idx_parts.append((idx + sub_off).to(sync.index_dtype))
-        val_parts.append(vals)
-    idx_cat, val_cat = torch.cat(idx_parts), torch.cat(val_parts)
-    counter = cur["counter"]
-    t0 = time.perf_counter()
-    if sync.sparsifier.name in _BOUNDED:
-        capacity = nnz  # every rank knows the nominal bound: no count exchange, count in the header
-        counter.metadata_bytes += 8
-    else:
-        counts = comm.exchange_counts(
-            [idx_cat.numel()], group=sync.group, device=buffer.device, counter=counter
-        )
-        capacity = max(row[0] for row in counts)
-    handle = comm.gather_pairs(
-        idx_cat, val_cat, capacity=capacity, group=sync.group, counter=counter, async_op=True
+    return sync.executor.launch_bucket(
+        ops, views.__getitem__, run, write_back=write_back, empty=buffer.zero_
     )
-
-    def done(_fut=None) -> torch.Tensor:
-        gathered = handle.decode() if _fut is not None else handle.wait()
-        cur["intervals"].append((t0, time.perf_counter()))
-        return _write_back(buffer, parts, aggregate_pairs(gathered, numel=numel, device=buffer.device))
-
-    if handle.work is None:
-        return _completed(done())
-    return handle.work.get_future().then(lambda f: done(f))

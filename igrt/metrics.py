@@ -65,6 +65,9 @@ class MetricsLog:
     def __iter__(self) -> Iterator[StepMetrics]:
         return iter(self.rows)
 
+    def __getitem__(self, index: int) -> StepMetrics:
+        return self.rows[index]
+
     def totals(self) -> dict[str, float]:
         """Sums of the byte, collective and time columns over all rows."""
         keys = (

@@ -36,15 +36,18 @@ import torch
 import torch.distributed as dist
 
 from igpolicy.config import PolicyConfig
-from igpolicy.decide import StepDecision, decide_step, nominal_k, payload_blocks, release_phases
+from igpolicy.decide import StepDecision, payload_blocks, release_phases
 from igpolicy.packing import pack
 from igpolicy.plan import SyncPlan
-from igpolicy.vocab import CollectiveKind, ComponentId, ParamInfo, PayloadBlock, StepMetrics
+from igpolicy.planner import StepPlanner
+from igpolicy.step_plan import StepPlan, flush_plan
+from igpolicy.vocab import ParamInfo, PayloadBlock, StepMetrics
 from igrt import comm
 from igrt.catch_up import CatchUp
-from igrt.comm import aggregate_pairs, wire_dtypes
+from igrt.comm import wire_dtypes
+from igrt.executor import Executor, OpRecord, StepRun
 from igrt.metrics import MetricsLog, PhaseTimer
-from igrt.residuals import ResidualState, send_param
+from igrt.residuals import ResidualState
 from igrt.sparsifiers import Sparsifier, sparsifier_state
 from igrt.sync_setup import build_param_infos, default_sparsifier, fingerprint_parts, named_parameters
 
@@ -123,12 +126,12 @@ class Synchronizer:
         self.index_dtype, self.value_dtype = wire_dtypes(config)
         self.residuals = ResidualState(track_sums=track_sums)
         self.blocks: list[PayloadBlock] = payload_blocks(infos, config)
-        self.k: dict[str, int | None] = {
-            i.name: nominal_k(i.numel, config.density_for(ComponentId.from_key(i.component).kind.value))
-            if config.sparse
-            else None
-            for i in infos
-        }
+        self.planner = StepPlanner(
+            config=config, params=infos, world_size=self.world_size, phases=self.phases, blocks=self.blocks
+        )
+        self.k: dict[str, int | None] = dict(self.planner.k)
+        self.executor = Executor(self)
+        self.op_log: list[OpRecord] = []  # every executed op of this rank, in order
         self.component = {i.name: i.component for i in infos}
         self.step_index = 0
         self.last_sent: dict[str, int] = {i.name: -1 for i in infos}  # step of each param's last gradient
@@ -188,178 +191,77 @@ class Synchronizer:
                 "or the optimizer's updates are not scaled"
             )
 
+    # ------------------------------------------------------------------ the step counter
+    def advance_step(self) -> int:
+        """Count one finished step (the DDP hook calls it when DDP's last bucket is launched)."""
+        self.step_index += 1
+        return self.step_index
+
+    def restore_step(self, step: int) -> None:
+        """Continue the schedule at ``step`` with flushed residuals (a checkpoint that flushed)."""
+        if not self.residuals.is_zero():
+            raise ValueError("restore_step: residuals hold gradient; load the per-rank sync state instead")
+        self.step_index = int(step)
+
+    def hold(self, name: str, grad: torch.Tensor | None) -> None:
+        """Keep ``grad`` of a parameter that does not send this step in its residual (``e = g + e``)."""
+        self.residuals.hold(name, self.residuals.accumulate(name, grad, like=self.params[name]))
+
     # ------------------------------------------------------------------ one step
     def decide(self, step: int | None = None) -> StepDecision:
         """The decision for ``step`` (default: the next one), as the simulator would take it."""
-        return decide_step(
-            step=self.step_index if step is None else step,
-            config=self.config,
-            params=self.infos,
-            world_size=self.world_size,
-            phases=self.phases,
-            blocks=self.blocks,
-        )
+        return self.planner.decision(self.step_index if step is None else step)
+
+    def plan_step(self, step: int | None = None) -> StepPlan:
+        """The step plan of ``step`` (default: the next one) for the after-backward integration."""
+        return self.planner.plan(self.step_index if step is None else step)
 
     def step(self, *, compute_s: float = 0.0) -> StepMetrics:
         """Synchronize the gradients in ``p.grad`` (call at the accumulation boundary, after backward).
 
-        ``compute_s`` (the caller's forward + backward seconds, if measured) is recorded as is; all
-        of this blocking step's communication is exposed.
+        Executes :meth:`plan_step`'s ops with :class:`igrt.executor.Executor`. ``compute_s`` (the
+        caller's forward + backward seconds, if measured) is recorded as is; all of this blocking
+        step's communication is exposed.
         """
         self._check_attached()
-        t_start = time.perf_counter()
-        timer = PhaseTimer(sync_cuda=self.sync_cuda_timing)
-        counter = comm.CommCounter()
         t = self.step_index
-        with timer.phase("decide"):
-            decision = self.decide(t)
-        sending = decision.sending_params
-        with timer.phase("hold"):
+        run = StepRun(step=t, timer=PhaseTimer(sync_cuda=self.sync_cuda_timing))
+        with run.timer.phase("decide"):
+            plan = run.plan = self.plan_step(t)
+        with run.timer.phase("hold"):
             for name, p in self.params.items():
-                if name not in sending:
-                    self.residuals.hold(name, self.residuals.accumulate(name, p.grad, like=p))
-        param_bytes: dict[str, int] = {}
-        results = self._run_buckets(decision, t, timer, counter, param_bytes)
-        with timer.phase("scatter"):
+                if name not in plan.sending_params:
+                    self.hold(name, p.grad)
+        self.executor.run_plan(plan, lambda n: self.params[n].grad, run)
+        with run.timer.phase("scatter"):
             for name, p in self.params.items():
-                _set_grad(p, results.get(name), skip_unsent=self.config.skip_unsent)
-        self.note_sent([n for n in self.params if results.get(n) is not None], t)
-        self.step_index += 1
-        low_bytes = sum(b for n, b in param_bytes.items() if self.phases[self.component[n]] is not None)
-        return self._record(t, decision, counter, timer, t_start, low_bytes=low_bytes, compute_s=compute_s)
+                _set_grad(p, run.results.get(name), skip_unsent=self.config.skip_unsent)
+        self.note_sent([n for n in self.params if n in run.results], t)
+        self.advance_step()
+        return self._record(run, compute_s=compute_s)
 
-    def _run_buckets(
-        self,
-        decision: StepDecision,
-        t: int,
-        timer: PhaseTimer,
-        counter: comm.CommCounter,
-        param_bytes: dict[str, int],
-    ) -> dict[str, torch.Tensor]:
-        """Select, pack and communicate every decided bucket; {param name: averaged flat grad}."""
-        ib = torch.empty(0, dtype=self.index_dtype).element_size()
-        vb = torch.empty(0, dtype=self.value_dtype).element_size()
-        sparse_payloads, dense_payloads = [], []
-        for bucket in decision.buckets:
-            dense = bucket.collective == CollectiveKind.DENSE_ALLREDUCE
-            if not dense and bucket.numel >= 2**31 and self.index_dtype == torch.int32:
-                raise ValueError(
-                    f"bucket {bucket.index} holds {bucket.numel} elements, too many for int32 indices; "
-                    "set index_bytes=8 or a smaller bucket_cap_bytes"
-                )
-            offsets, idx_parts, val_parts, off = {}, [], [], 0
-            flat = torch.zeros(bucket.numel, dtype=self.value_dtype, device=self.device) if dense else None
-            for name in bucket.param_names:
-                p = self.params[name]
-                with timer.phase("select"):
-                    idx, vals = send_param(
-                        self.residuals,
-                        self.sparsifier,
-                        name=name,
-                        grad=p.grad,
-                        like=p,
-                        k=self.k[name],
-                        step=t,
-                        value_dtype=self.value_dtype,
-                    )
-                with timer.phase("pack"):
-                    n = p.numel()
-                    if dense:
-                        target = flat[off : off + n]
-                        target.copy_(vals) if idx is None else target.index_copy_(0, idx, vals)
-                        param_bytes[name] = n * vb
-                    else:
-                        if idx is None:
-                            idx = torch.arange(n, device=self.device)
-                        idx_parts.append((idx + off).to(self.index_dtype))
-                        val_parts.append(vals)
-                        param_bytes[name] = idx.numel() * (ib + vb)
-                offsets[name] = (off, n)
-                off += n
-            if dense:
-                dense_payloads.append((bucket, offsets, flat))
-            else:
-                with timer.phase("pack"):
-                    idx_cat = torch.cat(idx_parts) if idx_parts else torch.empty(0, dtype=self.index_dtype)
-                    val_cat = torch.cat(val_parts) if val_parts else torch.empty(0, dtype=self.value_dtype)
-                sparse_payloads.append((bucket, offsets, idx_cat, val_cat))
-        return self._communicate(sparse_payloads, dense_payloads, timer, counter)
-
-    def _communicate(self, sparse_payloads, dense_payloads, timer, counter) -> dict[str, torch.Tensor]:
-        results: dict[str, torch.Tensor] = {}
-        with timer.phase("comm"):
-            counts = comm.exchange_counts(
-                [idx.numel() for _, _, idx, _ in sparse_payloads],
-                group=self.group,
-                device=self.device,
-                counter=counter,
-            )
-            handles = []
-            for j, (_, _, idx, vals) in enumerate(sparse_payloads):
-                cap = max(row[j] for row in counts)
-                handles.append(
-                    comm.gather_pairs(
-                        idx, vals, capacity=cap, group=self.group, counter=counter, async_op=True
-                    )
-                )
-            works = [
-                comm.dense_all_reduce(flat, self.group, counter=counter, async_op=True)
-                for _, _, flat in dense_payloads
-            ]
-            gathered = [h.wait() for h in handles]
-            for w in works:
-                if w is not None:
-                    w.wait()
-        with timer.phase("scatter"):
-            for (bucket, offsets, _, _), pairs in zip(sparse_payloads, gathered):
-                acc = aggregate_pairs(pairs, numel=bucket.numel, device=self.device)
-                for name, (off, n) in offsets.items():
-                    results[name] = acc[off : off + n]
-            for _bucket, offsets, flat in dense_payloads:
-                acc = flat.to(torch.float32).div_(self.world_size)
-                for name, (off, n) in offsets.items():
-                    results[name] = acc[off : off + n]
-        counter.comm_s = timer.get("comm")
-        return results
-
-    def _record(
-        self,
-        t: int,
-        decision: StepDecision | None,
-        counter: comm.CommCounter,
-        timer: PhaseTimer,
-        t_start: float,
-        *,
-        low_bytes: int,
-        compute_s: float = 0.0,
-        extra: Mapping[str, float] | None = None,
-    ) -> StepMetrics:
-        sync_s = time.perf_counter() - t_start
-        x = timer.as_extra()
-        x["sync_s"] = sync_s
-        x["padding_bytes"] = float(counter.padding_bytes)
-        x.update(extra or {})
-        row = StepMetrics(
-            step=t,
+    def _record(self, run: StepRun, *, compute_s: float = 0.0, extra: Mapping[str, float] | None = None) -> StepMetrics:
+        sync_s = time.perf_counter() - run.t0
+        comm_s = run.timer.get("comm")
+        plan = run.plan
+        row = run.metrics(
             rank=self.rank,
-            source="real",
             policy=self.config.policy,
-            values_bytes=counter.values_bytes,
-            indices_bytes=counter.indices_bytes,
-            dense_bytes=counter.dense_bytes,
-            metadata_bytes=counter.metadata_bytes,
-            num_collectives=counter.num_collectives,
-            num_sending_components=len(decision.release.send) if decision is not None else 0,
-            low_bytes=low_bytes,
-            compute_s=float(compute_s),
-            comm_s=counter.comm_s,
-            exposed_comm_s=counter.comm_s,  # blocking after backward: all of it is exposed
+            comm_s=comm_s,
+            exposed_comm_s=comm_s,  # blocking after backward: all of it is exposed
             step_s=float(compute_s) + sync_s,  # compute (when given) then this blocking sync
-            bucket_imbalance=decision.packing.imbalance if decision is not None else 1.0,
+            compute_s=compute_s,
+            num_sending_components=plan.num_sending_components if plan is not None else 0,
+            bucket_imbalance=plan.bucket_imbalance if plan is not None else 1.0,
             residual_norm=self.residuals.total_norm(),
-            extra=x,
+            extra={"sync_s": sync_s, **(extra or {})},
         )
+        return self.record(row, run)
+
+    def record(self, row: StepMetrics, run: StepRun) -> StepMetrics:
+        """Log a finished step's row and its executed ops (adapters call it once per step)."""
         self.log.append(row)
+        self.op_log.extend(run.records)
         return row
 
     # ------------------------------------------------------------------ flush
@@ -369,50 +271,29 @@ class Synchronizer:
         Call after the last :meth:`step` and its optimizer step, then step the optimizer once more.
         Whatever ``p.grad`` held is overwritten; parameters whose average is all zero get
         ``grad = None`` under ``skip_unsent``. Residuals are zero afterwards (Σg == Σsent). Does not
-        advance the step counter. Every rank must call it.
+        advance the step counter. Every rank must call it. Its ops are :func:`igpolicy.step_plan.flush_plan`'s.
         """
         self._check_attached()
-        t_start = time.perf_counter()
-        timer = PhaseTimer(sync_cuda=self.sync_cuda_timing)
-        counter = comm.CommCounter()
+        run = StepRun(step=self.step_index, timer=PhaseTimer(sync_cuda=self.sync_cuda_timing))
         blocks = [
             PayloadBlock(name=i.name, component=i.component, size_bytes=4 * i.numel, order=i.order)
             for i in self.infos
         ]
         packing = pack(blocks, method=self.config.packing, bucket_cap_bytes=self.config.bucket_cap_bytes)
-        results: dict[str, torch.Tensor | None] = {}
-        for bucket in packing.buckets:
-            names = bucket.block_names
-            with timer.phase("pack"):
-                parts = [
-                    send_param(
-                        self.residuals,
-                        None,
-                        name=n,
-                        grad=None,
-                        like=self.params[n],
-                        k=None,
-                        step=self.step_index,
-                        value_dtype=torch.float32,
-                    )[1]
-                    for n in names
-                ]
-                flat = torch.cat(parts) if parts else torch.empty(0, device=self.device)
-            with timer.phase("comm"):
-                comm.dense_all_reduce(flat, self.group, counter=counter)
-            flat.div_(self.world_size)
-            off = 0
-            for n in names:
-                size = self.params[n].numel()
-                piece = flat[off : off + size]
-                results[n] = piece if bool(torch.any(piece != 0)) or not self.config.skip_unsent else None
-                off += size
-        with timer.phase("scatter"):
+        ops = flush_plan([b.block_names for b in packing.buckets], params=self.infos)
+        flusher = Executor(self, value_dtype=torch.float32)
+        for op in ops:
+            flusher.run_plan(_single(op, self.step_index), lambda n: None, run)
+        results: dict[str, torch.Tensor | None] = {
+            n: g if bool(torch.any(g != 0)) or not self.config.skip_unsent else None
+            for n, g in run.results.items()
+        }
+        run.low_bytes = 0
+        with run.timer.phase("scatter"):
             for name, p in self.params.items():
                 _set_grad(p, results.get(name), skip_unsent=self.config.skip_unsent)
         self.note_sent([n for n in self.params if results.get(n) is not None], self.step_index - 1)
-        counter.comm_s = timer.get("comm")
-        return self._record(self.step_index, None, counter, timer, t_start, low_bytes=0, extra={"flush": 1.0})
+        return self._record(run, extra={"flush": 1.0})
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -463,3 +344,11 @@ class Synchronizer:
 
     def parameters(self) -> Iterable[tuple[str, torch.nn.Parameter]]:
         return self.params.items()
+
+
+def _single(op, step: int) -> StepPlan:
+    """A one-op after-backward plan (the flush runs its dense all-reduces one at a time)."""
+    return StepPlan(
+        step=step, integration="sync", ops=(op,), sending_params=frozenset(op.param_names),
+        num_sending_components=0, bucket_imbalance=1.0,
+    )  # fmt: skip

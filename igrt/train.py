@@ -273,9 +273,9 @@ _RUNS = [0]  # training runs started in this process (several share one group in
 
 def _hook_exposed_s(state, backward_end: float) -> float:
     """ddp-hook: seconds from the last collective's launch to the end of backward (DDP waits for
-    every bucket there). Reads the hook state's pending step (it has no public accessor)."""
-    starts = [a for cur in getattr(state, "_pending", []) for a, _ in cur.get("intervals", [])]
-    return max(0.0, backward_end - max(starts)) if starts else 0.0
+    every bucket there)."""
+    last = state.last_launch_s()
+    return max(0.0, backward_end - last) if last is not None else 0.0
 
 
 def train_on_rank(ctx, options: TrainOptions, *, workload=None) -> RankOutcome:

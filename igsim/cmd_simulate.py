@@ -44,7 +44,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=100, help="steps to simulate (default 100)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mode", default="auto", choices=MODES, help="collective costing (default auto)")
-    p.add_argument("--no-overlap", action="store_true", help="communicate only after backward ends")
+    p.add_argument(
+        "--integration",
+        default="ddp-hook",
+        choices=("ddp-hook", "sync", "deepspeed"),
+        help="whose step plan to cost: ddp-hook (DDP's buckets, overlapped with backward; default), "
+        "sync or deepspeed (after backward)",
+    )
+    p.add_argument("--no-overlap", action="store_true", help="same as --integration sync")
     p.add_argument(
         "--compute-cv", type=float, default=0.0, help="per-rank compute jitter (coefficient of variation)"
     )
@@ -197,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         mode=args.mode,
         jitter=jitter,
-        overlap=not args.no_overlap,
+        integration="sync" if args.no_overlap else args.integration,
     )
     where = (
         f"topology {args.topology}"

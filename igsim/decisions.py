@@ -1,10 +1,11 @@
-"""Step decisions as index arrays: what the engine needs of each :func:`decide_step` result.
+"""Step plans as index arrays: what the engine needs of each :mod:`igpolicy.step_plan` plan.
 
-:class:`Decider` calls :func:`igpolicy.decide.decide_step` (the function the runtime calls) for
-the first two release periods only and reuses the layouts afterwards (every release schedule is
-periodic in the release period, and decisions use nominal sizes; the second period is checked
-against the first). A :class:`StepLayout` holds one decision's buckets as arrays over the
-workload's parameters, so per-step work (bucket ready times, selected entries) is vectorised.
+:class:`PlanSource` holds the run's :class:`igpolicy.planner.StepPlanner` (the object the runtime
+holds) and, for the DDP hook, DDP's bucket assignment per step (:func:`igpolicy.step_plan.ddp_buckets`:
+the construction-time buckets at step 0, the buckets rebuilt over the first backward's ready order
+from step 1 on). A :class:`PlanLayout` holds one plan's ops with their parameters as index arrays
+over the workload's parameters, so per-step work (gate times, selected entries) is vectorised.
+Layouts are cached per (release slot, bucket assignment).
 """
 
 from __future__ import annotations
@@ -15,63 +16,100 @@ from dataclasses import dataclass
 import numpy as np
 
 from igpolicy.config import PolicyConfig
-from igpolicy.decide import StepDecision, decide_step
-from igpolicy.vocab import CollectiveKind, ParamInfo
+from igpolicy.planner import StepPlanner
+from igpolicy.step_plan import DDP_FIRST_BUCKET_CAP_BYTES, CollectiveOp, Gate, OpKind, StepPlan, ddp_buckets
+from igpolicy.vocab import ParamInfo
 
-__all__ = ["Decider", "StepLayout", "layout_key"]
+__all__ = ["PlanLayout", "PlanSource"]
+
+
+def _reduce(ufunc, values: np.ndarray, members: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, empty):
+    n = len(sizes)
+    out = np.full((*values.shape[:-1], n), empty, dtype=values.dtype)
+    nz = sizes > 0
+    if np.any(nz):
+        out[..., nz] = ufunc.reduceat(values[..., members], offsets[nz], axis=-1)
+    return out
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class StepLayout:
-    """One step decision turned into index arrays over the workload's parameters."""
+class PlanLayout:
+    """One step plan's ops, their parameters as index arrays over the workload's parameters."""
 
-    index: tuple[int, ...]  # bucket indices in launch order
-    members: np.ndarray  # parameter indices of all buckets, concatenated
-    offsets: np.ndarray  # start of each bucket in ``members``
-    sizes: np.ndarray  # parameters per bucket
-    sparse: tuple[bool, ...]
-    numel: np.ndarray
-    nominal_nnz: np.ndarray  # decide_step's nominal pairs per bucket (the padded capacity)
-    low_sparse: np.ndarray  # low-importance parameters travelling sparse
-    low_dense_numel: int  # elements of low-importance parameters travelling dense
-    num_sending_components: int
-    imbalance: float
-    sending_params: frozenset[str]
+    plan: StepPlan
+    members: np.ndarray  # payload parameters of every op, concatenated (count exchanges: none)
+    offsets: np.ndarray
+    sizes: np.ndarray
+    gate_members: np.ndarray  # gating parameters of every op (bucket-ready gates), concatenated
+    gate_offsets: np.ndarray
+    gate_sizes: np.ndarray
+    low_mask: np.ndarray  # [P] low-importance (has a release phase) per parameter
 
     @property
-    def num_buckets(self) -> int:
-        return len(self.index)
+    def ops(self) -> tuple[CollectiveOp, ...]:
+        return self.plan.ops
 
-    def reduce(self, ready: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(latest ready time, summed k) per bucket, from per-parameter ``ready`` (seconds) and
-        ``k`` (selected entries)."""
-        n = self.num_buckets
-        if n == 0:
-            return np.zeros(0), np.zeros(0, dtype=np.int64)
-        if np.all(self.sizes > 0):
-            r = np.maximum.reduceat(ready[self.members], self.offsets)
-            kk = np.add.reduceat(k[self.members], self.offsets)
-            return r, kk
-        r, kk = np.zeros(n), np.zeros(n, dtype=np.int64)
-        for j in range(n):
-            m = self.members[self.offsets[j] : self.offsets[j] + self.sizes[j]]
-            if len(m):
-                r[j], kk[j] = ready[m].max(), k[m].sum()
-        return r, kk
+    def op_k(self, k: np.ndarray) -> np.ndarray:
+        """Selected pairs per op from per-parameter ``k`` ([..., P] -> [..., num_ops])."""
+        return _reduce(np.add, np.asarray(k, dtype=np.int64), self.members, self.offsets, self.sizes, 0)
+
+    def op_gate_s(self, ready: np.ndarray, backward_end_s: float) -> np.ndarray:
+        """When each op may start: backward end, or its gating parameters' latest ready time."""
+        out = np.full(len(self.ops), float(backward_end_s))
+        if len(self.gate_sizes) and self.gate_sizes.any():
+            r = _reduce(np.maximum, np.asarray(ready, dtype=np.float64), self.gate_members,
+                        self.gate_offsets, self.gate_sizes, 0.0)  # fmt: skip
+            bucket = np.array([op.gate == Gate.BUCKET_READY for op in self.ops])
+            out[bucket] = r[bucket]
+        return out
 
     def low_bytes(self, k: np.ndarray, *, index_bytes: int, value_bytes: int) -> int:
-        """Bytes of low-importance parameters on the wire this step (sparse pairs + dense values)."""
-        return (
-            int(k[self.low_sparse].sum()) * (index_bytes + value_bytes) + self.low_dense_numel * value_bytes
-        )
+        """Bytes of low-importance parameters on the wire (sparse pairs + dense values), as the
+        runtime counts them per parameter."""
+        total = 0
+        for j, op in enumerate(self.ops):
+            if op.kind == OpKind.COUNT_EXCHANGE or not self.sizes[j]:
+                continue
+            m = self.members[self.offsets[j] : self.offsets[j] + self.sizes[j]]
+            low = m[self.low_mask[m]]
+            if not len(low):
+                continue
+            if op.kind == OpKind.DENSE_ALLREDUCE:
+                total += int(sum(op.param_numel[i] for i, x in enumerate(m) if self.low_mask[x])) * value_bytes
+            else:
+                total += int(np.asarray(k)[low].sum()) * (index_bytes + value_bytes)
+        return total
 
 
-class Decider:
-    """decide_step for every step, turned into layouts.
+def _layout(plan: StepPlan, index_of: dict[str, int], low_mask: np.ndarray) -> PlanLayout:
+    members, offsets, sizes = [], [], []
+    gates, gate_offsets, gate_sizes = [], [], []
+    for op in plan.ops:
+        idx = [index_of[n] for n in op.param_names]
+        offsets.append(len(members))
+        sizes.append(len(idx))
+        members.extend(idx)
+        g = [index_of[n] for n in op.gate_params]
+        gate_offsets.append(len(gates))
+        gate_sizes.append(len(g))
+        gates.extend(g)
 
-    Every release schedule in igpolicy is periodic with the release period and decisions use nominal
-    sizes, so decide_step is called for steps 0 .. 2R-1 only; the second period is checked against
-    the first (a loud error if a schedule ever stops being periodic) and later steps reuse them.
+    def arr(x):
+        return np.asarray(x, dtype=np.int64)
+
+    return PlanLayout(
+        plan=plan,
+        members=arr(members), offsets=arr(offsets), sizes=arr(sizes),
+        gate_members=arr(gates), gate_offsets=arr(gate_offsets), gate_sizes=arr(gate_sizes),
+        low_mask=low_mask,
+    )  # fmt: skip
+
+
+class PlanSource:
+    """Step plans (as layouts) of every simulated step, for one integration.
+
+    ``first_ready_s`` ([P], seconds since backward start) is the first recorded backward's
+    readiness, from which DDP rebuilds its buckets (ddp-hook only).
     """
 
     def __init__(
@@ -81,66 +119,44 @@ class Decider:
         params: Sequence[ParamInfo],
         world_size: int,
         phases: dict[str, int | None],
+        integration: str,
+        first_ready_s: np.ndarray | None = None,
+        ddp_bucket_cap_bytes: int = 25 * 2**20,
+        ddp_first_bucket_cap_bytes: int | None = DDP_FIRST_BUCKET_CAP_BYTES,
     ) -> None:
-        self.config, self.params, self.world_size, self.phases = config, tuple(params), world_size, phases
-        self.period = int(config.release_period)
+        self.params = tuple(params)
+        self.planner = StepPlanner(
+            config=config, params=self.params, world_size=world_size, phases=phases, integration=integration
+        )
+        self.integration = integration
         self.index_of = {p.name: i for i, p in enumerate(self.params)}
-        self.numel = np.array([p.numel for p in self.params], dtype=np.int64)
-        self.low = np.array([phases[p.component] is not None for p in self.params], dtype=bool)
-        self._cache: dict[int, StepLayout] = {}
+        self.low_mask = np.array([phases[p.component] is not None for p in self.params], dtype=bool)
+        self.assignments: tuple | None = None
+        if integration == "ddp-hook":
+            ready = np.zeros(len(self.params)) if first_ready_s is None else np.asarray(first_ready_s)
+            # gradients become ready in backward: ascending ready time; ties in reverse registration order
+            order = sorted(range(len(self.params)), key=lambda i: (ready[i], -self.params[i].order))
+            self.assignments = (
+                ddp_buckets(self.params, bucket_cap_bytes=ddp_bucket_cap_bytes,
+                            first_bucket_cap_bytes=ddp_first_bucket_cap_bytes),
+                ddp_buckets(self.params, bucket_cap_bytes=ddp_bucket_cap_bytes,
+                            first_bucket_cap_bytes=ddp_first_bucket_cap_bytes,
+                            ready_order=[self.params[i].name for i in order]),
+            )  # fmt: skip
+        self._cache: dict[tuple[int, int], PlanLayout] = {}
 
-    def decision(self, step: int) -> StepDecision:
-        return decide_step(
-            step=step, config=self.config, params=self.params, world_size=self.world_size, phases=self.phases
-        )
+    def ddp_bucket_names(self, step: int):
+        """DDP's buckets at ``step`` (None for after-backward integrations)."""
+        if self.assignments is None:
+            return None
+        return self.assignments[0 if step == 0 else 1]
 
-    def layout(self, step: int) -> StepLayout:
-        slot = step % self.period
-        if step < self.period:
-            self._cache[slot] = self._to_layout(self.decision(step))
-        elif step < 2 * self.period:
-            again = self._to_layout(self.decision(step))
-            if layout_key(again) != layout_key(self._cache[slot]):
-                raise AssertionError(f"decide_step is not periodic in release_period at step {step}")
-        return self._cache[slot]
-
-    def _to_layout(self, dec: StepDecision) -> StepLayout:
-        members: list[int] = []
-        offsets, sizes, sparse, numel, nominal, index = [], [], [], [], [], []
-        low_sparse: list[int] = []
-        low_dense_numel = 0
-        for bucket in dec.buckets:
-            idx = [self.index_of[n] for n in bucket.param_names]
-            offsets.append(len(members))
-            sizes.append(len(idx))
-            members.extend(idx)
-            is_sparse = bucket.collective == CollectiveKind.SPARSE_GATHER
-            sparse.append(is_sparse)
-            numel.append(bucket.numel)
-            nominal.append(bucket.nominal_nnz)
-            index.append(bucket.index)
-            low_idx = [i for i in idx if self.low[i]]
-            if is_sparse:
-                low_sparse.extend(low_idx)
-            else:
-                low_dense_numel += int(self.numel[low_idx].sum()) if low_idx else 0
-        components = {p.component for p in self.params}
-        return StepLayout(
-            index=tuple(index),
-            members=np.asarray(members, dtype=np.int64),
-            offsets=np.asarray(offsets, dtype=np.int64),
-            sizes=np.asarray(sizes, dtype=np.int64),
-            sparse=tuple(sparse),
-            numel=np.asarray(numel, dtype=np.int64),
-            nominal_nnz=np.asarray(nominal, dtype=np.int64),
-            low_sparse=np.asarray(low_sparse, dtype=np.int64),
-            low_dense_numel=low_dense_numel,
-            num_sending_components=len(dec.release.send & components),
-            imbalance=float(dec.packing.imbalance),
-            sending_params=dec.sending_params,
-        )
-
-
-def layout_key(layout: StepLayout) -> tuple:
-    """What must agree between two layouts of the same step (buckets, members, sparse or dense)."""
-    return (layout.index, layout.members.tobytes(), layout.offsets.tobytes(), layout.sparse)
+    def layout(self, step: int) -> PlanLayout:
+        which = -1 if self.assignments is None else (0 if step == 0 else 1)
+        key = (step % self.planner.period if step >= 1 or which == -1 else -1, which)
+        lay = self._cache.get(key)
+        if lay is None or step < 2 * self.planner.period:
+            plan = self.planner.plan(step, ddp_bucket_names=self.ddp_bucket_names(step))
+            lay = _layout(plan, self.index_of, self.low_mask)
+            self._cache[key] = lay
+        return lay

@@ -35,6 +35,9 @@ class Workload:
     - ``k``: int array [T, P] of entries the sparsifier selected (mean over ranks, rounded), or None
       to use nominal sizes. ``k_density`` is the density those counts were recorded at; the engine
       uses them only when the simulated density equals it.
+    - ``k_by_rank``: int array [T, R, P] of the entries each rank *sent* in a run of its own
+      (``igrt train --record-trace``; 0 where a parameter held), or None. The engine uses them,
+      one row per rank, when it simulates R ranks: a replay of that run.
     - ``forward_s`` / ``backward_s`` / ``optimizer_s``: float arrays [T], seconds (summed over the
       step's micro-batches).
     - ``grad_accum_steps``: A micro-batches per step; ``ready_s`` is then measured from the start of
@@ -50,6 +53,7 @@ class Workload:
     optimizer_s: np.ndarray
     k: np.ndarray | None = None
     k_density: float | None = None
+    k_by_rank: np.ndarray | None = None
     grad_accum_steps: int = 1
     source: dict[str, Any] = field(default_factory=dict)
 
@@ -81,6 +85,11 @@ class Workload:
                 raise ValueError(f"workload {self.name!r}: k must be finite and >= 0")
             numel = np.array([p.numel for p in self.params], dtype=np.int64)
             object.__setattr__(self, "k", np.minimum(np.rint(k).astype(np.int64), numel[None, :]))
+        if self.k_by_rank is not None:
+            kr = np.asarray(self.k_by_rank)
+            if kr.ndim != 3 or kr.shape[0] != T or kr.shape[2] != P or np.any(kr < 0):
+                raise ValueError(f"workload {self.name!r}: k_by_rank must be [{T}, R, {P}] counts >= 0, got {kr.shape}")
+            object.__setattr__(self, "k_by_rank", kr.astype(np.int64))
         if int(self.grad_accum_steps) < 1:
             raise ValueError(f"workload {self.name!r}: grad_accum_steps must be >= 1")
         names = [p.name for p in self.params]

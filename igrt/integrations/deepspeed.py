@@ -292,7 +292,7 @@ class ImportanceGradientOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(state_dict["optimizer"])
         if marker["flushed"]:  # nothing in flight: the step alone restores the schedule
             sync.residuals.zero_()
-            sync.step_index = int(marker["step"])
+            sync.restore_step(int(marker["step"]))
             self._awaiting_rank_state = None
         else:
             self._awaiting_rank_state = dict(marker)

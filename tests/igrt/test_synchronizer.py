@@ -145,7 +145,7 @@ def _conservation_worker(rank: int, world: int, seeds: list[int]):
             assert row.dense_bytes == sum(b.numel for b in dense) * vb
             assert row.indices_bytes * vb == row.values_bytes * cfg.index_bytes
             assert row.values_bytes <= sum(b.nominal_nnz for b in decision.buckets if b not in dense) * vb
-            assert row.num_collectives <= len(decision.buckets)
+            assert row.num_collectives <= len(decision.buckets) + 1  # + the count exchange
             assert row.bucket_imbalance == decision.packing.imbalance
             steps.append({"sent": sent, "grads": grads, "sending": sorted(decision.sending_params)})
             for p in model.parameters():  # a plain SGD step on the synchronized gradient
@@ -184,7 +184,7 @@ def _empty_worker(rank: int, world: int):
     for p in model.parameters():  # every rank: zero gradient, zero residual -> nothing anywhere
         p.grad = torch.zeros_like(p)
     row = sync.step()
-    assert row.values_bytes == 0 and row.num_collectives == 0 and row.metadata_bytes == 8 * 4
+    assert row.values_bytes == 0 and row.num_collectives == 1 and row.metadata_bytes == 8 * 4  # counts only
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
     # only rank 0 has something: rank 1's payloads are empty, the gather still completes
     model.zero_grad(set_to_none=True)
@@ -320,13 +320,13 @@ def test_single_process_step_metrics_and_csv(tmp_path):
         model.zero_grad(set_to_none=True)
         model.loss(_tokens(0, t)).backward()
         row = sync.step()
-        assert row.step == t and row.rank == 0 and row.source == "real" and row.num_collectives == 2
+        assert row.step == t and row.rank == 0 and row.source == "real" and row.num_collectives == 3  # counts + 2
         assert {"select_s", "pack_s", "comm_s", "scatter_s", "decide_s"} <= set(row.extra)
         nominal = sum(b.nominal_nnz for b in sync.decide(t).buckets)
         assert row.values_bytes == 4 * nominal  # no exact zeros in these gradients: k pairs each
     path = sync.log.write_csv(tmp_path / "m.csv")
     lines = path.read_text().splitlines()
     assert len(lines) == 3 and lines[0].startswith("step,rank,source,policy") and "x_select_s" in lines[0]
-    assert sync.log.totals()["num_collectives"] == 4
+    assert sync.log.totals()["num_collectives"] == 6
     with pytest.raises(ValueError, match="needs a SyncPlan"):
         Synchronizer(model, config=PolicyConfig(policy="importance"), plan=None)
