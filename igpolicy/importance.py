@@ -10,6 +10,13 @@ stability of the selected coordinates). The threshold that splits scores into im
 
 With ``persistence_weight=1, overlap_weight=0, normalise="minmax"`` the score is the prototype's
 (0.7 × min-max-normalised mean + 0.3 × fraction of steps above the per-step median).
+
+**Ties.** A profile's important set must not depend on floating-point rounding, so every place
+that compares magnitudes follows one rule: means are summed with :func:`math.fsum` (correctly
+rounded, so the same values in any step order give the same bits), and values within a relative
+``TIE_RTOL`` of their sorted neighbour are one tie (:func:`_merge_near_ties`), both across components
+before normalising and within a step before the median comparison. Scores are therefore invariant to
+a common scale of the norms and to the order of components and steps, also on exact ties.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from scipy.stats import rankdata
 
 __all__ = [
     "NORMALISERS",
+    "TIE_RTOL",
     "ComponentStats",
     "ImportanceConfig",
     "ImportanceScores",
@@ -32,6 +40,7 @@ __all__ = [
 
 NORMALISERS = ("minmax", "rank", "log_minmax")
 _LOG_FLOOR = 1e-12  # log_minmax: values below this fraction of the largest are raised to it
+TIE_RTOL = 1e-9  # magnitudes closer than this relative gap to their sorted neighbour are tied
 
 
 def _frozen_array(value: object, *, dtype: type) -> np.ndarray:
@@ -48,7 +57,8 @@ class ImportanceConfig:
     (the defaults are the prototype's 0.7 / 0.3, consistency split evenly). ``window`` is a half-open
     range ``(start, stop)`` of recorded step rows (0-based) to score over; None means all rows.
     ``normalise`` maps the raw magnitudes of all components onto [0, 1]: ``minmax``, ``rank``
-    (average ranks of ties, evenly spaced) or ``log_minmax`` (min-max of the logarithm).
+    (average ranks of ties, evenly spaced) or ``log_minmax`` (min-max of the logarithm); for all
+    three, magnitudes within a relative ``TIE_RTOL`` of each other are ties (see the module docstring).
     """
 
     magnitude_weight: float = 0.7
@@ -300,8 +310,29 @@ class ImportanceScores:
         ]
 
 
+def _merge_near_ties(x: np.ndarray) -> np.ndarray:
+    """Replace each run of near-equal values along the last axis by the run's smallest value.
+
+    Sorted ascending, a value starts a new run when it exceeds its predecessor by more than
+    ``TIE_RTOL`` times itself (x finite, >= 0); runs chain, so the result depends only on the
+    multiset of values along the axis, and a common scale of x scales the result (up to rounding
+    far below the tolerance). Values that are already distinct by more than the tolerance pass
+    through unchanged.
+    """
+    order = np.argsort(x, axis=-1, kind="stable")
+    xs = np.take_along_axis(x, order, axis=-1)
+    starts = np.ones(xs.shape, dtype=bool)
+    starts[..., 1:] = (xs[..., 1:] - xs[..., :-1]) > TIE_RTOL * xs[..., 1:]
+    first = np.maximum.accumulate(np.where(starts, np.arange(xs.shape[-1]), 0), axis=-1)
+    out = np.empty_like(x)
+    np.put_along_axis(out, order, np.take_along_axis(xs, first, axis=-1), axis=-1)
+    return out
+
+
 def _normalise(x: np.ndarray, how: str) -> np.ndarray:
-    """Map x (finite, >= 0) onto [0, 1]; a constant input maps to 0.5 (no information)."""
+    """Map x (finite, >= 0) onto [0, 1]; near ties (``TIE_RTOL``) map to one value, and a constant
+    input (one tie) maps to 0.5 (no information)."""
+    x = _merge_near_ties(x)
     if how == "rank":
         if x.size == 1:
             return np.full(1, 0.5)
@@ -315,6 +346,12 @@ def _normalise(x: np.ndarray, how: str) -> np.ndarray:
     if not hi > lo:
         return np.full(x.shape, 0.5)
     return np.clip((x - lo) / (hi - lo), 0.0, 1.0)
+
+
+def _column_sums(x: np.ndarray) -> np.ndarray:
+    """Sum of each column of a [W, C] array by math.fsum: correctly rounded, so it does not depend on
+    the row order (equal multisets of values give equal bits)."""
+    return np.array([math.fsum(col) for col in x.T.tolist()], dtype=np.float64)
 
 
 def score_components(stats: ComponentStats, config: ImportanceConfig | None = None) -> ImportanceScores:
@@ -352,14 +389,14 @@ def score_components(stats: ComponentStats, config: ImportanceConfig | None = No
     sel, numel = np.ascontiguousarray(stats.sel_norm[rows][:, order]), stats.numel[order]
     z = sel / np.sqrt(numel.astype(np.float64))[None, :]
     W = z.shape[0]
-    raw = z.mean(axis=0)
+    raw = _column_sums(z) / W
     magnitude = _normalise(raw, config.normalise)
-    median = np.median(z, axis=1, keepdims=True)
-    persistence = np.mean(z > median, axis=0)
+    tied = _merge_near_ties(z)
+    persistence = np.count_nonzero(tied > np.median(tied, axis=1, keepdims=True), axis=0) / W
     ov = stats.overlap[rows][:, order]
     defined = ~np.isnan(ov)
     counts = defined.sum(axis=0)
-    overlap = np.where(counts > 0, np.where(defined, ov, 0.0).sum(axis=0) / np.maximum(counts, 1), 0.0)
+    overlap = np.where(counts > 0, _column_sums(np.where(defined, ov, 0.0)) / np.maximum(counts, 1), 0.0)
     wp, wo = float(config.persistence_weight), float(config.overlap_weight)
     consistency = (wp * persistence + wo * overlap) / (wp + wo)
     wm, wc = float(config.magnitude_weight), float(config.consistency_weight)

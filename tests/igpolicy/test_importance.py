@@ -1,17 +1,20 @@
 """Importance statistics and scores: validation, aggregation oracle, the prototype as a special case,
-and properties (range, invariances, dominance, windows)."""
+and properties (range, invariances to scale and order also on exact and near ties, dominance, windows)."""
 
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from igpolicy.importance import (
+    NORMALISERS,
+    TIE_RTOL,
     ComponentStats,
     ImportanceConfig,
     component_stats_from_params,
@@ -261,6 +264,52 @@ def test_a_dominant_component_scores_highest():
     assert s.score[2] == pytest.approx(1.0) and int(np.argmax(s.score)) == 2
 
 
+def test_near_ties_share_a_rank_for_every_normaliser():
+    """Magnitudes a few ulps apart (rounding, not information) are one tie; a real gap is not."""
+    raw = np.array([1.0, np.nextafter(1.0, 2.0), 1.0 + TIE_RTOL / 4, 2.0, 2.0 * (1 + 10 * TIE_RTOL)])
+    stats = ComponentStats(
+        keys=tuple("abcde"), sel_norm=raw[None, :], numel=[1] * 5, overlap=np.full((1, 5), np.nan)
+    )
+    expected = {"rank": [0.25, 0.25, 0.25, 0.75, 1.0], "minmax": [0.0, 0.0, 0.0, 1.0, 1.0]}
+    for how in NORMALISERS:
+        m = score_components(stats, ImportanceConfig(normalise=how)).magnitude
+        assert m[0] == m[1] == m[2] and m[2] < m[3] <= m[4], how
+        if how in expected:
+            np.testing.assert_allclose(m, expected[how], atol=1e-8)
+    # all within the tolerance of each other: no information, 0.5 (was 0 and 1 for minmax)
+    near_const = ComponentStats(
+        keys=("a", "b"), sel_norm=[[1.0, np.nextafter(1.0, 2.0)]], numel=[1, 1], overlap=[[0.0, 0.0]]
+    )
+    for how in NORMALISERS:
+        np.testing.assert_array_equal(
+            score_components(near_const, ImportanceConfig(normalise=how)).magnitude, 0.5
+        )
+
+
+def test_equal_values_in_another_step_order_are_an_exact_tie():
+    """The issue-19 case: columns 0 and 1 hold the same values in another order; their mean magnitudes
+    are bit-identical at any scale, so rank does not split them."""
+    sel = np.array([[0.25, 1, 1, 1, 1], [1, 1, 1, 1, 1], [1, 1, 1, 1, 1], [1, 0.25, 1, 1, 1]])
+    config = ImportanceConfig(normalise="rank")
+    for scale in (1.0, 3.0, 0.1, 1 / 3, 7.0):
+        stats = ComponentStats(
+            keys=tuple("abcde"), sel_norm=sel * scale, numel=[2] * 5, overlap=np.full(sel.shape, np.nan)
+        )
+        s = score_components(stats, config)
+        assert s.raw_magnitude[0] == s.raw_magnitude[1]
+        np.testing.assert_array_equal(s.magnitude, [0.125, 0.125, 0.75, 0.75, 0.75])
+
+
+def test_a_value_tied_with_the_step_median_is_not_above_it_at_any_scale():
+    # z = [1, 1, 0.5, 1]: component 1 is 3 / sqrt(9), equal to the median only up to rounding once scaled
+    sel = np.array([[1.0, 3.0, 0.5, 2.0]])
+    for scale in (1.0, 0.1, 0.3, 1 / 3, 7.0):
+        stats = ComponentStats(
+            keys=tuple("abcd"), sel_norm=sel * scale, numel=[1, 9, 1, 4], overlap=np.zeros((1, 4))
+        )
+        np.testing.assert_array_equal(score_components(stats).persistence, [0.0, 0.0, 0.0, 0.0])
+
+
 stats_strategy = st.integers(1, 8).flatmap(
     lambda C: st.integers(1, 10).flatmap(
         lambda T: st.tuples(
@@ -280,32 +329,68 @@ config_strategy = st.builds(
 )
 
 
-@settings(max_examples=150, deadline=None)
-@given(stats_strategy, config_strategy, st.floats(1e-3, 1e3), st.randoms(use_true_random=False))
+TIE_Z = (0.0, 0.25, 0.5, 1.0)  # per-entry magnitudes, few so that ties are common
+TIE_NUMEL = (1, 2, 4, 9)  # sqrt exact (1, 4, 9) or not (2): equal z reached through different roundings
+
+
+@st.composite
+def tie_heavy_stats(draw):
+    """Columns that are step permutations of a few base columns of z values from a small set, each put
+    back into sel_norm = z * sqrt(numel), so equal and nearly equal (rounded) magnitudes are common."""
+    C, T = draw(st.integers(1, 8)), draw(st.integers(1, 8))
+    bases = draw(st.lists(st.lists(st.sampled_from(TIE_Z), min_size=T, max_size=T), min_size=1, max_size=3))
+    z = np.array([draw(st.permutations(draw(st.sampled_from(bases)))) for _ in range(C)], dtype=np.float64).T
+    numel = np.array(draw(st.lists(st.sampled_from(TIE_NUMEL), min_size=C, max_size=C)), dtype=np.int64)
+    overlap = draw(hnp.arrays(np.float64, (T, C), elements=st.sampled_from([np.nan, 0.0, 0.5, 1.0])))
+    return z * np.sqrt(numel.astype(np.float64))[None, :], numel, overlap
+
+
+ISSUE_19 = (  # falsifying example of issue 19: rank split the tied components 0 and 1 after scaling
+    (
+        np.array(
+            [[0.25, 1, 1, 1, 1], [1, 1, 1, 1, 1], [1, 1, 1, 1, 1], [1, 0.25, 1, 1, 1]], dtype=np.float64
+        ),
+        np.full(5, 2, dtype=np.int64),
+        np.full((4, 5), np.nan),
+    ),
+    ImportanceConfig(
+        magnitude_weight=1, consistency_weight=1, persistence_weight=1, overlap_weight=0, normalise="rank"
+    ),
+    3.0,
+    random.Random(0),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.one_of(stats_strategy, tie_heavy_stats()),
+    config_strategy,
+    st.one_of(st.floats(1e-3, 1e3), st.sampled_from([0.1, 0.3, 1 / 3, 3.0, 7.0])),
+    st.randoms(use_true_random=False),
+)
+@example(*ISSUE_19)
 def test_score_properties(arrays, config, scale, rnd):
     sel, numel, overlap = arrays
-    C = sel.shape[1]
-    stats = ComponentStats(
-        keys=tuple(f"{i}.norm" for i in range(C)), sel_norm=sel, numel=numel, overlap=overlap
-    )
-    s = score_components(stats, config)
+    T, C = sel.shape
+    keys = tuple(f"{i}.norm" for i in range(C))
+
+    def score(sel_, numel_, overlap_, keys_=keys):
+        return score_components(
+            ComponentStats(keys=keys_, sel_norm=sel_, numel=numel_, overlap=overlap_), config
+        )
+
+    s = score(sel, numel, overlap)
     for arr in (s.magnitude, s.persistence, s.overlap, s.consistency, s.score):
         assert arr.shape == (C,) and np.all(np.isfinite(arr)) and np.all((arr >= 0) & (arr <= 1))
-    # scaling every norm by one factor changes nothing after normalisation
-    scaled = score_components(
-        ComponentStats(keys=stats.keys, sel_norm=sel * scale, numel=numel, overlap=overlap), config
-    )
-    np.testing.assert_allclose(scaled.score, s.score, atol=1e-9)
-    # permuting components permutes the scores
+    # scaling every norm by one factor changes nothing after normalisation, also on (near) ties
+    np.testing.assert_allclose(score(sel * scale, numel, overlap).score, s.score, atol=1e-9)
+    # permuting components permutes the scores, bit for bit: with their keys, and relabelled
     perm = list(range(C))
     rnd.shuffle(perm)
-    permuted = score_components(
-        ComponentStats(
-            keys=tuple(stats.keys[i] for i in perm),
-            sel_norm=sel[:, perm],
-            numel=numel[perm],
-            overlap=overlap[:, perm],
-        ),
-        config,
-    )
-    np.testing.assert_array_equal(permuted.score, s.score[perm])  # bit for bit: computed in key order
+    permuted = score(sel[:, perm], numel[perm], overlap[:, perm], tuple(keys[i] for i in perm))
+    np.testing.assert_array_equal(permuted.score, s.score[perm])
+    np.testing.assert_array_equal(score(sel[:, perm], numel[perm], overlap[:, perm]).score, s.score[perm])
+    # permuting steps changes nothing, bit for bit (sums are correctly rounded, medians per step)
+    steps = list(range(T))
+    rnd.shuffle(steps)
+    np.testing.assert_array_equal(score(sel[steps], numel, overlap[steps]).score, s.score)
