@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from igpolicy.config import PACKINGS, POLICIES, PolicyConfig
+from igpolicy.config import PACKINGS, POLICIES, SPARSIFIERS, PolicyConfig
 from igrt.workloads import WORKLOADS
 
 __all__ = ["add_arguments", "options_from_args", "policy_config", "run"]
@@ -44,6 +44,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--packing", choices=PACKINGS, default=None, help="bucket packing (default kk)")
     p.add_argument("--config", type=Path, default=None, help="PolicyConfig JSON (strict keys)")
     p.add_argument(
+        "--collective",
+        choices=("auto", "sparse", "dense"),
+        default=None,
+        help="per bucket: sparse gather, dense all-reduce, or auto (the cheaper on nominal sizes)",
+    )
+    p.add_argument("--sparsifier", choices=SPARSIFIERS, default=None, help="entry selection (default topk)")
+    p.add_argument(
+        "--record-trace",
+        action="store_true",
+        help="also record this run's own trace (phase times, ready times, sent k) and executed ops "
+        "into OUT/trace and OUT/ops.csv, for igsim replay OUT",
+    )
+    p.add_argument(
         "--catch-up",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -60,6 +73,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=INTEGRATIONS,
         default="sync",
         help="sync: Synchronizer after backward; ddp-hook: DDP + importance_hook",
+    )
+    p.add_argument(
+        "--ddp-bucket-cap-mb",
+        type=float,
+        default=None,
+        help="ddp-hook: DDP's bucket_cap_mb (default: DDP's own, 25 MiB with a 1 MiB first bucket)",
     )
     p.add_argument(
         "--eval-every", type=int, default=0, help="held-out evaluation every K steps (0: end only)"
@@ -97,6 +116,8 @@ def policy_config(args: argparse.Namespace) -> PolicyConfig:
         ("release_period", args.release_period),
         ("packing", args.packing),
         ("catch_up", args.catch_up),
+        ("collective", args.collective),
+        ("sparsifier", args.sparsifier),
     ):
         if value is not None:
             data[key] = value
@@ -134,6 +155,8 @@ def options_from_args(args: argparse.Namespace):
         out=str(out),
         progress=not args.no_progress,
         command=_command_line(args),
+        record_trace=args.record_trace,
+        ddp_bucket_cap_mb=args.ddp_bucket_cap_mb,
     )
 
 

@@ -131,7 +131,9 @@ class Synchronizer:
         )
         self.k: dict[str, int | None] = dict(self.planner.k)
         self.executor = Executor(self)
-        self.op_log: list[OpRecord] = []  # every executed op of this rank, in order
+        self.keep_op_log = False  # set True to keep every executed op (replays, agreement tests)
+        self.op_log: list[OpRecord] = []  # this rank's executed ops, in order, when keep_op_log
+        self.last_run: StepRun | None = None  # the last recorded step's execution
         self.component = {i.name: i.component for i in infos}
         self.step_index = 0
         self.last_sent: dict[str, int] = {i.name: -1 for i in infos}  # step of each param's last gradient
@@ -261,7 +263,9 @@ class Synchronizer:
     def record(self, row: StepMetrics, run: StepRun) -> StepMetrics:
         """Log a finished step's row and its executed ops (adapters call it once per step)."""
         self.log.append(row)
-        self.op_log.extend(run.records)
+        self.last_run = run
+        if self.keep_op_log:
+            self.op_log.extend(run.records)
         return row
 
     # ------------------------------------------------------------------ flush

@@ -57,6 +57,7 @@ __all__ = [
 ]
 
 INTEGRATIONS = ("sync", "ddp-hook")
+SUMMARY_FORMAT = "igrt-train/2"  # summary.json's layout (2: integration, ddp caps, plan.json, trace/)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +82,8 @@ class TrainOptions:
     out: str | None = None
     progress: bool = True
     command: str = ""
+    record_trace: bool = False
+    ddp_bucket_cap_mb: float | None = None  # ddp-hook: DDP's bucket_cap_mb (None: DDP's default)
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "grad_accum"):
@@ -105,6 +108,8 @@ class RankOutcome:
     flush_rows: tuple[StepMetrics, ...]
     evals: tuple[dict[str, Any], ...]
     train_s: float
+    op_rows: tuple[dict[str, Any], ...] = ()  # every rank's executed ops (record_trace), rank 0 only
+    ddp: dict[str, Any] | None = None  # DDP's bucket caps (ddp-hook)
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -152,13 +157,30 @@ class _RankRun:
             from igrt.ddp_hook import ImportanceHookState, importance_hook
 
             ids = [ctx.device] if ctx.device.type == "cuda" else None
-            self.forward_model = DistributedDataParallel(self.model, device_ids=ids)
+            caps = {} if options.ddp_bucket_cap_mb is None else {"bucket_cap_mb": options.ddp_bucket_cap_mb}
+            self.forward_model = DistributedDataParallel(self.model, device_ids=ids, **caps)
             self.hook = ImportanceHookState(
                 self.forward_model, config=options.config, plan=options.plan, param_infos=infos
             )
             self.forward_model.register_comm_hook(self.hook, importance_hook)
             self.sync = self.hook.sync
         self.sync.attach_optimizer(self.optimizer)  # catch-up hooks (config.catch_up); else nothing
+        self.trace = None
+        if options.record_trace and options.out:
+            from igrt.run_trace import RunTraceRecorder
+
+            self.sync.keep_op_log = True
+            self.trace = RunTraceRecorder(
+                Path(options.out) / "trace",
+                rank=ctx.rank,
+                world_size=ctx.world_size,
+                params=self.sync.params,
+                infos=infos,
+                config=options.config,
+                workload=options.workload,
+                grad_accum=options.grad_accum,
+                command=options.command,
+            )
         self.meta = {
             "workload": options.workload,
             "tiny": bool(options.tiny),
@@ -219,11 +241,16 @@ class _RankRun:
         o, device = self.o, self.ctx.device
         _device_sync(device)
         t0 = time.perf_counter()
-        loss_sum = 0.0
+        loss_sum = forward_s = 0.0
         for m in range(o.grad_accum):
-            quiet = self.hook is not None and m < o.grad_accum - 1
+            last = m == o.grad_accum - 1
+            quiet = self.hook is not None and not last
             with self.forward_model.no_sync() if quiet else contextlib.nullcontext():
+                tf = time.perf_counter()
                 loss = self.w.loss(self.forward_model, next(batches))
+                forward_s += time.perf_counter() - tf
+                if last and self.trace is not None:
+                    self.trace.arm()
                 (loss / o.grad_accum).backward()
             loss_sum += float(loss.detach()) / o.grad_accum
         _device_sync(device)
@@ -242,13 +269,33 @@ class _RankRun:
         # sync: compute = forward + backward + optimizer. ddp-hook: the hook works inside backward,
         # so everything but the exposed tail counts as compute.
         compute_s = (t1 - t0) + (t3 - t2) if self.hook is None else (t3 - t0) - exposed_s
+        if self.trace is not None:
+            self.trace.end_step(
+                step=row.step, forward_s=forward_s, backward_s=(t1 - t0) - forward_s, optimizer_s=t3 - t2,
+                loss=loss_sum, sent_k=self.sync.last_run.sent_k if self.sync.last_run is not None else {},
+            )  # fmt: skip
         extra = {**row.extra, "forward_backward_s": t1 - t0, "optimizer_s": t3 - t2, "loss": loss_sum}
         return dataclasses.replace(
             row, compute_s=compute_s, step_s=t3 - t0, exposed_comm_s=exposed_s, extra=extra
         )
 
+    def ddp_info(self) -> dict[str, Any] | None:
+        """DDP's bucket caps and the buckets the hook saw (ddp-hook only)."""
+        if self.hook is None:
+            return None
+        ddp = self.forward_model
+        default = bool(getattr(ddp, "bucket_bytes_cap_default", False))
+        return {
+            "bucket_cap_bytes": int(ddp.bucket_bytes_cap),
+            "first_bucket_cap_bytes": 2**20 if default else None,
+            "find_unused_parameters": bool(ddp.find_unused_parameters),
+        }
+
     def flush(self) -> StepMetrics:
         """Send every residual and apply it with one more optimizer step."""
+        if self.trace is not None:
+            self.trace.close()
+            self.trace = None
         row = self.sync.flush()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -319,7 +366,8 @@ def train_on_rank(ctx, options: TrainOptions, *, workload=None) -> RankOutcome:
     flush_row = run.flush()
     if o.evaluate:
         evals += run.evaluate(o.steps, after_flush=True)
-    rows, flush_rows = _gather(ctx, list(log), [flush_row])
+    op_rows = [r.to_row(ctx.rank) for r in run.sync.op_log]
+    rows, flush_rows, op_rows = _gather(ctx, list(log), [flush_row], op_rows)
     outcome = RankOutcome(
         rank=ctx.rank,
         start_step=start,
@@ -327,6 +375,8 @@ def train_on_rank(ctx, options: TrainOptions, *, workload=None) -> RankOutcome:
         flush_rows=tuple(flush_rows),
         evals=tuple(evals),
         train_s=train_s,
+        op_rows=tuple(op_rows),
+        ddp=run.ddp_info(),
     )
     if o.out and ctx.rank == 0:
         _write_outputs(Path(o.out), options=o, outcome=outcome, model=run.model, ctx=ctx)
@@ -334,17 +384,18 @@ def train_on_rank(ctx, options: TrainOptions, *, workload=None) -> RankOutcome:
     return outcome
 
 
-def _gather(ctx, rows: list[StepMetrics], flush_rows: list[StepMetrics]):
+def _gather(ctx, rows: list[StepMetrics], flush_rows: list[StepMetrics], op_rows: list[dict[str, Any]]):
     """Every rank's rows on rank 0, sorted by (step, rank); empty lists elsewhere."""
     if ctx.world_size == 1:
-        return rows, flush_rows
+        return rows, flush_rows, op_rows
     got: list[Any] = [None] * ctx.world_size if ctx.rank == 0 else None  # type: ignore[assignment]
-    dist.gather_object((rows, flush_rows), got, dst=0)
+    dist.gather_object((rows, flush_rows, op_rows), got, dst=0)
     if ctx.rank != 0:
-        return [], []
-    all_rows = sorted((r for rs, _ in got for r in rs), key=lambda r: (r.step, r.rank))
-    all_flush = sorted((r for _, fs in got for r in fs), key=lambda r: r.rank)
-    return all_rows, all_flush
+        return [], [], []
+    all_rows = sorted((r for rs, _, _ in got for r in rs), key=lambda r: (r.step, r.rank))
+    all_flush = sorted((r for _, fs, _ in got for r in fs), key=lambda r: r.rank)
+    all_ops = sorted((r for _, _, os_ in got for r in os_), key=lambda r: (r["step"], r["rank"], r["seq"]))
+    return all_rows, all_flush, all_ops
 
 
 # --------------------------------------------------------------------------- summaries
@@ -440,10 +491,28 @@ def _write_outputs(out: Path, *, options: TrainOptions, outcome: RankOutcome, mo
         "final_loss": float(np.mean([r.extra["loss"] for r in last])) if last else None,
         "eval": {"history": list(outcome.evals), "final": outcome.evals[-1] if outcome.evals else None},
         "files": ["metrics.csv", "summary.json", "eval.json", "model.pt", "checkpoint/"],
+        "summary_format": SUMMARY_FORMAT,
+        "ddp": outcome.ddp,
+        "record_trace": bool(options.record_trace),
     }
+    if plan is not None:
+        plan.save(out / "plan.json")
+        summary["files"].append("plan.json")
+    if options.record_trace:
+        _write_ops(out / "ops.csv", outcome.op_rows)
+        summary["files"] += ["trace/", "ops.csv"]
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
     tmp.replace(out / "summary.json")
+
+
+def _write_ops(path: Path, rows: tuple[dict[str, Any], ...]) -> None:
+    import csv
+
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["step", "rank", "seq"])
+        w.writeheader()
+        w.writerows(rows)
 
 
 def preflight(options: TrainOptions) -> None:

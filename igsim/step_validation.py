@@ -90,6 +90,7 @@ def simulate_runs(
             calibration=calibration,
             num_steps=num_steps,
             seed=int(summary.get("seed", 0)),
+            integration=str(summary.get("integration", "sync")),  # what igrt train ran
         )
         sim = [
             {k: float(v) for k, v in r.to_row().items() if isinstance(v, (int, float))} for r in result.rows

@@ -146,6 +146,27 @@ class Trace:
         present = np.flatnonzero(np.bincount(codes, minlength=num_params))
         return {self.param_names[j]: means[:, j].copy() for j in present}
 
+    def per_rank_matrix(self, column: str, names: tuple[str, ...] | list[str]) -> np.ndarray:
+        """float64 array [step, rank, param] of ``column`` of the params table, aligned to
+        ``step_ids``, ``ranks`` and ``names`` (NaN where a (step, rank, param) has no row)."""
+        data = self.params
+        if column not in data or column in ("step", "rank", "param"):
+            raise ValueError(f"trace table 'params' has no value column {column!r}")
+        code_of = {n: j for j, n in enumerate(self.param_names)}
+        missing = [n for n in names if n not in code_of]
+        if missing:
+            raise ValueError(f"{self.directory}: parameters not in the trace: {missing[:5]}")
+        col = np.full(len(self.param_names), -1, dtype=np.int64)
+        col[[code_of[n] for n in names]] = np.arange(len(names))
+        ranks = np.asarray(self.ranks, dtype=np.int64)
+        out = np.full((self.num_steps, len(ranks), len(names)), np.nan)
+        c = col[data["param"]]
+        keep = c >= 0
+        out[self._step_index(data["step"][keep]), np.searchsorted(ranks, data["rank"][keep]), c[keep]] = data[
+            column
+        ][keep]
+        return out
+
     def union_k_series(self) -> dict[str, np.ndarray]:
         """{param name: union_k over ``step_ids``} (float64, NaN where not recorded).
 
