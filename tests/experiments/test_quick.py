@@ -116,7 +116,9 @@ def test_rq4_packing(tmp_path: Path, cache: Path) -> None:
         assert len({_num(r["payload_bytes"]) for r in rs.values()}) == 1
         for r in rs.values():
             metadata = _num(r["wire_bytes"]) - _num(r["payload_bytes"])  # 8 bytes per sparse bucket
-            assert 0 <= metadata <= 8 * _num(r["num_buckets"]) + 1e-9
+            assert metadata >= 0
+            if r["overlap"] in ("False", "0"):  # the DDP hook uses DDP's buckets, not the packing's
+                assert metadata <= 8 * _num(r["num_buckets"]) + 1e-9
         for r in rs.values():
             assert _num(r["imbalance_mean"]) >= 1.0 - 1e-9 and _num(r["gap_to_lower_bound"]) >= -1e-9
         # KK (refined, never worse than LPT) reaches a largest bucket no larger than LPT's
