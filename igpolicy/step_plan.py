@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from igpolicy.choice import choose_collective
 from igpolicy.config import PolicyConfig
@@ -246,8 +246,6 @@ def _count_exchange(seq: int, buckets: Sequence[int], gate: Gate, gate_params=()
 
 
 def _renumber(ops: Iterable[CollectiveOp], start: int = 0) -> tuple[CollectiveOp, ...]:
-    from dataclasses import replace
-
     return tuple(op if op.seq == start + i else replace(op, seq=start + i) for i, op in enumerate(ops))
 
 

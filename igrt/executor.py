@@ -81,6 +81,7 @@ class StepRun:
 
     step: int
     plan: StepPlan | None = None
+    count_low: bool = True  # False for the flush: a flush is not a release (low_bytes stays 0)
     tally: WireTally = field(default_factory=WireTally)
     records: list[OpRecord] = field(default_factory=list)
     results: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -184,7 +185,7 @@ class Executor:
                     idx_parts.append((idx + off).to(s.index_dtype))
                     val_parts.append(vals)
                     nbytes = sent * (self.ib + self.vb)
-                if s.phases[s.component[name]] is not None:
+                if run.count_low and s.phases[s.component[name]] is not None:
                     run.low_bytes += nbytes
             off += n
         if dense:

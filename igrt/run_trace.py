@@ -24,12 +24,10 @@ import torch
 
 from igpolicy.config import PolicyConfig
 from igpolicy.vocab import ParamInfo
-from traces.schema import Manifest
+from traces.schema import RUN_TRACE_K, Manifest
 from traces.writer import TraceWriter, write_manifest
 
-__all__ = ["RUN_TRACE_KIND", "RunTraceRecorder"]
-
-RUN_TRACE_KIND = "sent"  # manifest.extra["k"]: k is what each rank sent in a training run
+__all__ = ["RunTraceRecorder"]
 
 
 class RunTraceRecorder:
@@ -68,7 +66,7 @@ class RunTraceRecorder:
                     grad_accum_steps=grad_accum,
                     torch_version=torch.__version__,
                     command=command,
-                    extra={"k": RUN_TRACE_KIND, "source": "igrt train --record-trace", "policy": config.policy},
+                    extra={"k": RUN_TRACE_K, "source": "igrt train --record-trace", "policy": config.policy},
                 ),
             )
 

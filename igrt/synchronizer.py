@@ -129,7 +129,6 @@ class Synchronizer:
         self.planner = StepPlanner(
             config=config, params=infos, world_size=self.world_size, phases=self.phases, blocks=self.blocks
         )
-        self.k: dict[str, int | None] = dict(self.planner.k)
         self.executor = Executor(self)
         self.keep_op_log = False  # set True to keep every executed op (replays, agreement tests)
         self.op_log: list[OpRecord] = []  # this rank's executed ops, in order, when keep_op_log
@@ -278,7 +277,7 @@ class Synchronizer:
         advance the step counter. Every rank must call it. Its ops are :func:`igpolicy.step_plan.flush_plan`'s.
         """
         self._check_attached()
-        run = StepRun(step=self.step_index, timer=PhaseTimer(sync_cuda=self.sync_cuda_timing))
+        run = StepRun(step=self.step_index, timer=PhaseTimer(sync_cuda=self.sync_cuda_timing), count_low=False)
         blocks = [
             PayloadBlock(name=i.name, component=i.component, size_bytes=4 * i.numel, order=i.order)
             for i in self.infos
@@ -292,7 +291,6 @@ class Synchronizer:
             n: g if bool(torch.any(g != 0)) or not self.config.skip_unsent else None
             for n, g in run.results.items()
         }
-        run.low_bytes = 0
         with run.timer.phase("scatter"):
             for name, p in self.params.items():
                 _set_grad(p, results.get(name), skip_unsent=self.config.skip_unsent)

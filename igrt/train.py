@@ -41,6 +41,7 @@ from igpolicy.vocab import ParamInfo, StepMetrics
 from igrt.metrics import MetricsLog
 from igrt.train_checkpoint import barrier as _barrier
 from igrt.train_checkpoint import load_checkpoint, save_checkpoint
+from traces.schema import RUN_SUMMARY_FORMAT
 
 __all__ = [
     "INTEGRATIONS",
@@ -57,7 +58,6 @@ __all__ = [
 ]
 
 INTEGRATIONS = ("sync", "ddp-hook")
-SUMMARY_FORMAT = "igrt-train/2"  # summary.json's layout (2: integration, ddp caps, plan.json, trace/)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -491,7 +491,7 @@ def _write_outputs(out: Path, *, options: TrainOptions, outcome: RankOutcome, mo
         "final_loss": float(np.mean([r.extra["loss"] for r in last])) if last else None,
         "eval": {"history": list(outcome.evals), "final": outcome.evals[-1] if outcome.evals else None},
         "files": ["metrics.csv", "summary.json", "eval.json", "model.pt", "checkpoint/"],
-        "summary_format": SUMMARY_FORMAT,
+        "summary_format": RUN_SUMMARY_FORMAT,
         "ddp": outcome.ddp,
         "record_trace": bool(options.record_trace),
     }

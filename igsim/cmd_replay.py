@@ -19,8 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path, help="an igrt train output folder recorded with --record-trace")
     p.add_argument("--topology", default=None, help="topology file (YAML/JSON) with the run's world size")
     p.add_argument("--calibration", default=None, help="calibration JSON (igsim validate-report / igrt validate)")
-    p.add_argument("--bandwidth", default="10Gbps", help="without --topology: star link rate (default 10Gbps)")
-    p.add_argument("--latency", default="50us", help="without --topology: rank-to-rank latency (default 50us)")
+    p.add_argument("--bandwidth", default=None, help="without --topology: star link rate (default 10Gbps)")
+    p.add_argument("--latency", default=None, help="without --topology: rank-to-rank latency (default 50us)")
     p.add_argument("--mode", default="auto", choices=("auto", "flow", "analytic"), help="collective costing")
     p.add_argument("--out", type=Path, default=None, help="where replay.csv / replay.json go (default RUN_DIR/replay)")
     p.add_argument("--rows", type=int, default=12, help="steps to print (default 12; all are in replay.csv)")
@@ -32,13 +32,14 @@ def run(args: argparse.Namespace) -> int:
     from igsim.topology import load_topology, star
 
     inputs = load_run(args.run_dir)  # checks the folder before anything else
+    topology = None  # replay_run's nominal star
     if args.topology:
         topology = load_topology(args.topology)
-    else:
+    elif args.bandwidth or args.latency:
         topology = star(
             num_ranks=inputs.world_size,
-            bandwidth_bytes_per_s=parse_bandwidth(args.bandwidth),
-            latency_s=parse_time(args.latency) / 2,
+            bandwidth_bytes_per_s=parse_bandwidth(args.bandwidth or "10Gbps"),
+            latency_s=parse_time(args.latency or "50us") / 2,
         )
     rep = replay_run(args.run_dir, topology=topology, calibration=load_calibration(args.calibration), mode=args.mode)
     out = args.out if args.out is not None else Path(args.run_dir) / "replay"

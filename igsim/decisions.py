@@ -43,7 +43,9 @@ class PlanLayout:
     gate_members: np.ndarray  # gating parameters of every op (bucket-ready gates), concatenated
     gate_offsets: np.ndarray
     gate_sizes: np.ndarray
-    low_mask: np.ndarray  # [P] low-importance (has a release phase) per parameter
+    bucket_gated: np.ndarray  # [num_ops] bool: gated by its bucket's readiness (else backward end)
+    low_sparse: np.ndarray  # low-importance parameters travelling in sparse gathers
+    low_dense_numel: int  # elements of low-importance parameters travelling dense
 
     @property
     def ops(self) -> tuple[CollectiveOp, ...]:
@@ -56,36 +58,30 @@ class PlanLayout:
     def op_gate_s(self, ready: np.ndarray, backward_end_s: float) -> np.ndarray:
         """When each op may start: backward end, or its gating parameters' latest ready time."""
         out = np.full(len(self.ops), float(backward_end_s))
-        if len(self.gate_sizes) and self.gate_sizes.any():
+        if self.bucket_gated.any():
             r = _reduce(np.maximum, np.asarray(ready, dtype=np.float64), self.gate_members,
                         self.gate_offsets, self.gate_sizes, 0.0)  # fmt: skip
-            bucket = np.array([op.gate == Gate.BUCKET_READY for op in self.ops])
-            out[bucket] = r[bucket]
+            out[self.bucket_gated] = r[self.bucket_gated]
         return out
 
     def low_bytes(self, k: np.ndarray, *, index_bytes: int, value_bytes: int) -> int:
         """Bytes of low-importance parameters on the wire (sparse pairs + dense values), as the
         runtime counts them per parameter."""
-        total = 0
-        for j, op in enumerate(self.ops):
-            if op.kind == OpKind.COUNT_EXCHANGE or not self.sizes[j]:
-                continue
-            m = self.members[self.offsets[j] : self.offsets[j] + self.sizes[j]]
-            low = m[self.low_mask[m]]
-            if not len(low):
-                continue
-            if op.kind == OpKind.DENSE_ALLREDUCE:
-                total += int(sum(op.param_numel[i] for i, x in enumerate(m) if self.low_mask[x])) * value_bytes
-            else:
-                total += int(np.asarray(k)[low].sum()) * (index_bytes + value_bytes)
-        return total
+        pairs = int(np.asarray(k)[self.low_sparse].sum())
+        return pairs * (index_bytes + value_bytes) + self.low_dense_numel * value_bytes
 
 
 def _layout(plan: StepPlan, index_of: dict[str, int], low_mask: np.ndarray) -> PlanLayout:
     members, offsets, sizes = [], [], []
     gates, gate_offsets, gate_sizes = [], [], []
+    low_sparse, low_dense_numel = [], 0
     for op in plan.ops:
         idx = [index_of[n] for n in op.param_names]
+        low = [(i, n) for i, n in zip(idx, op.param_numel) if low_mask[i]]
+        if op.kind == OpKind.SPARSE_GATHER:
+            low_sparse.extend(i for i, _ in low)
+        elif op.kind == OpKind.DENSE_ALLREDUCE:
+            low_dense_numel += sum(n for _, n in low)
         offsets.append(len(members))
         sizes.append(len(idx))
         members.extend(idx)
@@ -101,7 +97,8 @@ def _layout(plan: StepPlan, index_of: dict[str, int], low_mask: np.ndarray) -> P
         plan=plan,
         members=arr(members), offsets=arr(offsets), sizes=arr(sizes),
         gate_members=arr(gates), gate_offsets=arr(gate_offsets), gate_sizes=arr(gate_sizes),
-        low_mask=low_mask,
+        bucket_gated=np.array([op.gate == Gate.BUCKET_READY for op in plan.ops], dtype=bool),
+        low_sparse=arr(low_sparse), low_dense_numel=int(low_dense_numel),
     )  # fmt: skip
 
 

@@ -288,7 +288,7 @@ def _k_matrix(workload: Workload, config: PolicyConfig, *, world_size: int) -> t
     workload carries them for this world size, the workload's when recorded at this density,
     else nominal."""
     numel = workload.numel
-    kr = getattr(workload, "k_by_rank", None)
+    kr = workload.k_by_rank
     if kr is not None and kr.shape[1] == world_size:
         return kr, "run"
     if (

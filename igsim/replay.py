@@ -24,10 +24,10 @@ import numpy as np
 from igpolicy.config import PolicyConfig
 from igpolicy.plan import SyncPlan
 from igsim.results import SPAN_KINDS
+from traces.schema import RUN_SUMMARY_FORMAT as SUMMARY_FORMAT
 
 __all__ = ["BYTE_FIELDS", "FIELDS", "Replay", "load_run", "replay_run"]
 
-SUMMARY_FORMAT = "igrt-train/2"
 BYTE_FIELDS = ("values_bytes", "indices_bytes", "dense_bytes", "metadata_bytes", "num_collectives")
 TIME_FIELDS = ("comm_s", "exposed_comm_s", "step_s")
 FIELDS = BYTE_FIELDS + TIME_FIELDS
@@ -95,18 +95,12 @@ def load_run(run_dir: str | Path) -> RunInputs:
 def run_workload(inputs: RunInputs):
     """The run's own workload: its compute and readiness (means over ranks), and per-rank sent k."""
     from igsim.workload import Workload
-    from traces.reader import read_trace
 
-    base = Workload.from_trace(inputs.directory / "trace")
-    trace = read_trace(inputs.directory / "trace")
-    k = np.nan_to_num(trace.per_rank_matrix("k", [p.name for p in base.params]), nan=0.0)
-    if k.shape[1] != inputs.world_size:
-        raise _fail(inputs.directory / "trace", f"{k.shape[1]} ranks recorded, the run had {inputs.world_size}")
-    return Workload(
-        name=base.name, params=base.params, ready_s=base.ready_s, forward_s=base.forward_s,
-        backward_s=base.backward_s, optimizer_s=base.optimizer_s, k=None, k_by_rank=k,
-        grad_accum_steps=base.grad_accum_steps, source={**base.source, "run": str(inputs.directory)},
-    )  # fmt: skip
+    w = Workload.from_trace(inputs.directory / "trace", per_rank_k=True)
+    if w.k_by_rank.shape[1] != inputs.world_size:
+        got = w.k_by_rank.shape[1]
+        raise _fail(inputs.directory / "trace", f"{got} ranks recorded, the run had {inputs.world_size}")
+    return w
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,6 +132,7 @@ def replay_run(run_dir: str | Path, *, topology=None, calibration=None, mode: st
     steps = sorted({int(r["step"]) for r in inputs.measured})
     if steps != list(range(len(steps))) or len(steps) != workload.num_recorded_steps:
         raise _fail(inputs.directory, f"metrics.csv steps {steps[:3]}.. do not match the trace's {workload.num_recorded_steps}")
+    nominal_topology = topology is None and calibration is None
     if topology is None:
         topology = star(num_ranks=inputs.world_size, bandwidth_bytes_per_s=1.25e9, latency_s=25e-6)
     if len(topology.ranks) != inputs.world_size:
@@ -150,7 +145,13 @@ def replay_run(run_dir: str | Path, *, topology=None, calibration=None, mode: st
         ddp_first_bucket_cap_bytes=ddp.get("first_bucket_cap_bytes", 2**20),
     )  # fmt: skip
     predicted = [r.to_row() for r in result.rows]
-    return _compare(inputs, predicted, result, steps)
+    rep = _compare(inputs, predicted, result, steps)
+    if nominal_topology:
+        rep.summary["note"] += (
+            "; the topology is a nominal 10 Gbit/s star, not the machine the run used: pass a fitted "
+            "--topology / --calibration for its times"
+        )
+    return rep
 
 
 def _by_step_rank(rows, key=lambda r: (int(float(r["step"])), int(float(r["rank"])))) -> dict:
@@ -233,9 +234,7 @@ def _summary(inputs, rows, mismatches, op_mismatch, real_ops, result) -> dict[st
         "num_ops_measured": sum(len(v) for v in real_ops.values()),
         "k_source": result.settings["k_source"],
         "means_after_step_0": means,
-        "note": "bytes and collectives use each rank's recorded sent k; times are the topology model's "
-        "prediction (the default topology is a nominal 10 Gbit/s star, not this machine: pass --topology "
-        "or --calibration for a fitted one)",
+        "note": "bytes and collectives use each rank's recorded sent k; times are the topology model's prediction",
     }
 
 

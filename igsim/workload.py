@@ -125,9 +125,19 @@ class Workload:
 
     @classmethod
     def from_trace(
-        cls, directory: str | Path, *, window: tuple[int, int] | None = None, name: str | None = None
+        cls,
+        directory: str | Path,
+        *,
+        window: tuple[int, int] | None = None,
+        name: str | None = None,
+        per_rank_k: bool = False,
     ) -> Workload:
         """Read a recorded trace: means over ranks of ``ready_s``, ``k`` and the phase times.
+
+        A training run's own trace (``igrt train --record-trace``, ``manifest.extra["k"] == "sent"``)
+        holds what each rank sent, 0 where a parameter held: its ``k`` is not a selection at the
+        recorded density, so ``k`` is left None (nominal sizes) unless ``per_rank_k``, which puts
+        each rank's counts in ``k_by_rank`` (a replay of that run).
 
         ``window=(a, b)`` keeps recorded steps a <= step < b. Steps where a parameter has no row
         (NaN mean) take that parameter's mean over the other steps; parameters with no row at all
@@ -135,6 +145,7 @@ class Workload:
         Raises ValueError (the reader's TraceError) for a missing or malformed trace.
         """
         from traces.reader import read_trace  # imported here so igsim starts fast
+        from traces.schema import RUN_TRACE_K
 
         if window is not None and (len(window) != 2 or window[0] >= window[1]):
             raise ValueError(f"{directory}: window must be (start, stop) with start < stop, got {window!r}")
@@ -152,14 +163,17 @@ class Workload:
         dropped = [p.name for p in every if p.name not in ready_series]
         names = [p.name for p in params]
         ready = _series_matrix(ready_series, names, what="ready_s", where=directory)
-        k = _series_matrix(trace.per_param_series("k"), names, what="k", where=directory)
+        sent = manifest.extra.get("k") == RUN_TRACE_K
+        k = None if sent else _series_matrix(trace.per_param_series("k"), names, what="k", where=directory)
+        k_by_rank = np.nan_to_num(trace.per_rank_matrix("k", names), nan=0.0) if per_rank_k else None
         fwd, bwd, opt = _phase_times(trace.step_times(), ready.shape[0])
         return cls(
             name=name or manifest.workload or Path(directory).name,
             params=params,
             ready_s=ready,
             k=k,
-            k_density=float(manifest.density),
+            k_density=None if sent else float(manifest.density),
+            k_by_rank=k_by_rank,
             grad_accum_steps=int(manifest.grad_accum_steps),
             forward_s=fwd,
             backward_s=bwd,

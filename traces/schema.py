@@ -52,6 +52,8 @@ from igpolicy.vocab import ComponentId, ParamInfo
 
 __all__ = [
     "MANIFEST_NAME",
+    "RUN_SUMMARY_FORMAT",
+    "RUN_TRACE_K",
     "SCHEMA_VERSION",
     "TABLES",
     "TABLE_SCHEMAS",
@@ -63,6 +65,11 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+# summary.json of an igrt train output folder (2: integration, DDP caps, plan.json, trace/, ops.csv),
+# written by igrt.train and read by igsim.replay
+RUN_SUMMARY_FORMAT = "igrt-train/2"
+# manifest.extra["k"] of a training run's own trace: k is what each rank sent (0 where it held)
+RUN_TRACE_K = "sent"
 
 _PARAM_TYPE = pa.dictionary(pa.int32(), pa.string())
 
