@@ -18,10 +18,10 @@ from igpolicy.config import PolicyConfig
 from igpolicy.plan import ComponentPlan, SyncPlan
 from igpolicy.schedule import assign_phases
 from igpolicy.vocab import ComponentClass, ComponentId
-from igsim.architectures import architecture_workload
-from igsim.engine import simulate
-from igsim.topology import leaf_spine, star
-from igsim.workload import Jitter, Workload
+from igsim.net.topology import leaf_spine, star
+from igsim.step.architectures import architecture_workload
+from igsim.step.engine import simulate
+from igsim.step.workload import Jitter, Workload
 
 
 def synthetic_plan(workload: Workload, *, release_period: int) -> SyncPlan:

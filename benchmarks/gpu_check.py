@@ -32,10 +32,10 @@ from igpolicy.config import PolicyConfig
 from igpolicy.decide import nominal_k
 from igpolicy.plan import ComponentPlan, SyncPlan
 from igpolicy.vocab import ComponentClass
-from igrt.comm import aggregate_pairs, encode_pairs
-from igrt.residuals import ResidualState
-from igrt.sparsifiers import ADTopK, TopK
-from igrt.synchronizer import Synchronizer
+from igrt.sync.comm import aggregate_pairs, encode_pairs
+from igrt.sync.residuals import ResidualState
+from igrt.sync.sparsifiers import ADTopK, TopK
+from igrt.sync.synchronizer import Synchronizer
 
 SHAPES = {
     "model.layers.0.self_attn.q_proj.weight": (4096, 4096),

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from igrt.recorder import TraceRecorder
+from igrt.trace.recorder import TraceRecorder
 from igrt.workloads import WORKLOADS, make_workload
 
 

@@ -9,7 +9,7 @@ the method's, and whether the method selected exactly the indices of the old imp
 - ``torch.topk``: ``torch.topk(x.abs().flatten(), k, sorted=False)`` — values and indices only, no
   zero handling, no sort of the indices: the floor the old TopK sat on.
 - ``old topk`` / ``old adtopk``: the implementations before the sampled fast path (below, verbatim).
-- ``topk`` / ``adtopk``: :class:`igrt.sparsifiers.TopK` / :class:`igrt.sparsifiers.ADTopK`.
+- ``topk`` / ``adtopk``: :class:`igrt.sync.sparsifiers.TopK` / :class:`igrt.sync.sparsifiers.ADTopK`.
 
     python benchmarks/selection_bench.py            # 1M, 10M and 50M entries at density 0.01
     python benchmarks/selection_bench.py --quick    # 1M only
@@ -25,12 +25,12 @@ import time
 
 import torch
 
-from igrt.sparsifiers import ADTopK, TopK
+from igrt.sync.sparsifiers import ADTopK, TopK
 
 SHAPES = {"1M": (1000, 1000), "10M": (2500, 4000), "50M": (5000, 10000)}
 
 
-# --- the implementations before the sampled fast path (igrt/sparsifiers.py at 7bad1e8) ------------
+# --- the implementations before the sampled fast path (igrt/sync/sparsifiers.py at 7bad1e8) ------------
 
 
 def _old_topk_nonzero(mag: torch.Tensor, k: int) -> torch.Tensor:

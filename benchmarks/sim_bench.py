@@ -18,9 +18,9 @@ import tracemalloc
 
 import simpy
 
-from igsim.collectives import CollectiveSpec, run_collective
-from igsim.network import Network
-from igsim.topology import leaf_spine, star
+from igsim.collectives.predict import CollectiveSpec, run_collective
+from igsim.net.network import Network
+from igsim.net.topology import leaf_spine, star
 
 
 class CountingEnvironment(simpy.Environment):

@@ -7,7 +7,7 @@ Every ``--segment-steps`` steps all ranks draw the same random :class:`PolicyCon
 :class:`SyncPlan` (seeded by segment; the policy takes each of the five in turn): sparsifier (top-k, threshold, random-k), density in
 [0.001, 1], release period 1..6 (the plan's own period differs from it half the time), staggered or
 not, packing, bucket count and cap, sparse / dense / auto collectives, fp32 or bf16 values, int32 or
-int64 indices, ``skip_unsent``. They build a fresh :class:`~igrt.synchronizer.Synchronizer` (the
+int64 indices, ``skip_unsent``. They build a fresh :class:`~igrt.sync.synchronizer.Synchronizer` (the
 start-up agreement runs each time) and, at the segment's end, flush it. Each step every rank draws
 its own gradients per parameter: absent (``None``), all zero, dense, 95 % zeros, tiny (1e-6) or huge
 (1e3); the threshold sparsifier's threshold often exceeds every value, so whole buckets travel empty
@@ -42,8 +42,8 @@ import torch.distributed as dist
 from igpolicy.config import PACKINGS, POLICIES, PolicyConfig
 from igpolicy.plan import ComponentPlan, SyncPlan
 from igpolicy.vocab import ComponentClass
-from igrt.sparsifiers import make_sparsifier
-from igrt.synchronizer import Synchronizer, build_param_infos
+from igrt.sync.sparsifiers import make_sparsifier
+from igrt.sync.synchronizer import Synchronizer, build_param_infos
 
 EPS32 = float(torch.finfo(torch.float32).eps)
 BF16_EPS = float(torch.finfo(torch.bfloat16).eps)
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--segment-steps", type=int, default=25, help="steps per random schedule")
     args = parser.parse_args(argv)
-    from igrt.launch import launch
+    from igrt.train.launch import launch
 
     t0 = time.perf_counter()
     results = launch(_rank_entry, nproc=args.nproc, backend="gloo", args=(args.steps, args.seed, args.segment_steps),

@@ -8,9 +8,9 @@ This module holds no study logic, only the project's real pieces wired together:
 
 - traces: the shipped samples (:func:`traces.samples.sample_trace_path`) or ``igrt record`` run in a
   subprocess (:func:`trace_for`), cached by their settings;
-- plans: ``igsim profile``'s :func:`igsim.cmd_profile.profile_trace` (:func:`profile`);
+- plans: ``igsim profile``'s :func:`igsim.cli.profile.profile_trace` (:func:`profile`);
 - training: :mod:`experiments.training` (``igrt train`` and the testbed launcher);
-- simulation: :func:`igsim.engine.simulate` on a star like the testbed (:func:`simulate_star`).
+- simulation: :func:`igsim.step.engine.simulate` on a star like the testbed (:func:`simulate_star`).
 
 Nothing here imports torch: training runs in subprocesses, so a study's own process stays small.
 """
@@ -226,7 +226,7 @@ def mean_std(values: Iterable[float]) -> tuple[float, float]:
 def single_rank() -> Iterator[None]:
     """Environment of a one-rank torchrun job on loopback, restored afterwards.
 
-    ``igrt.launch`` then runs the rank function in this process instead of spawning one (the quick
+    ``igrt.train.launch`` then runs the rank function in this process instead of spawning one (the quick
     studies use it: start-up, imports and data preparation are paid once per process).
     """
     with socket.socket() as s:
@@ -356,7 +356,7 @@ def profile(
     (:func:`igpolicy.profile.build_plan`'s rule 1; the threshold is then taken over the others).
     """
     from igpolicy.profile import build_plan
-    from igsim.cmd_profile import profile_trace
+    from traces.profiling import profile_trace
 
     plan, scores, result = profile_trace(
         trace,
@@ -415,9 +415,9 @@ def simulate_star(
     import dataclasses
 
     from igpolicy.config import PolicyConfig
-    from igsim.engine import simulate
-    from igsim.topology import star
-    from igsim.workload import Workload
+    from igsim.net.topology import star
+    from igsim.step.engine import simulate
+    from igsim.step.workload import Workload
 
     workload = Workload.from_trace(trace)
     if compute_scale != 1.0:
@@ -457,7 +457,7 @@ def simulate_star(
 # (PolicyConfig keys), plan_path, evaluate, ablation (None or "drop_held"). Its result lands in
 # ``<cache>/runs/<name>-<hash>.json`` (rank 0 writes it), so a study that is stopped and started
 # again, or another study asking for the same run, reuses it. Jobs run one after another on the
-# same ranks (one start-up for many runs) through igrt.train.train_on_rank, with out=None: no
+# same ranks (one start-up for many runs) through igrt.train.loop.train_on_rank, with out=None: no
 # checkpoints or model files, only the small result JSON.
 
 ABLATIONS = (None, "drop_held")
@@ -481,7 +481,7 @@ def job(
 
     ``flush=False`` is for speed-only runs (no evaluation): the end-of-training flush — one dense
     all-reduce of every residual, the model's full size, minutes on a slow shaped link — is skipped
-    (:func:`_no_flush`); it is not a training step and does not enter the step statistics.
+    (``TrainOptions(flush=False)``); it is not a training step and does not enter the step statistics.
     """
     from igpolicy.config import PolicyConfig
 
@@ -562,7 +562,7 @@ def run_jobs(
         for wl, tiny, seed in sorted({(j["workload"], j["tiny"], j["seed"]) for j, _ in pending}):
             prepare_workload(wl, tiny=tiny, seed=seed)  # e.g. GPT pre-training, once, before the ranks
         if spec is None:
-            from igrt.launch import launch
+            from igrt.train.launch import launch
 
             with single_rank() if inprocess else contextlib.nullcontext():
                 launch(_jobs_rank, nproc=nproc, backend="gloo", args=(pending,), timeout_s=timeout_s)
@@ -581,71 +581,10 @@ def _jobs_rank(ctx: Any, pending: Sequence[tuple[dict[str, Any], str]]) -> int:
     return len(pending)
 
 
-_PATCHED_USES = {"drop_held": 0, "no_flush": 0}  # how often a swapped-in Synchronizer was built
-
-
-@contextlib.contextmanager
-def _drop_held_residuals() -> Iterator[None]:
-    """Experiment-side ablation (the runtime has no switch for it): after every step, the residual
-    of every parameter that did not send is zeroed — held gradients are dropped instead of
-    released later. Sending parameters keep their error feedback. With R = 1 nothing is held, so
-    the ablation changes nothing (a check of the ablation itself)."""
-    import igrt.synchronizer as sync_module
-
-    base = sync_module.Synchronizer
-
-    class DropHeld(base):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            _PATCHED_USES["drop_held"] += 1
-
-        def step(self, **kwargs: Any):
-            sending = self.decide(self.step_index).sending_params
-            row = super().step(**kwargs)
-            for name in self.params:
-                e = self.residuals.get(name)
-                if name not in sending and e is not None:
-                    e.zero_()
-            return row
-
-    sync_module.Synchronizer = DropHeld
-    try:
-        yield
-    finally:
-        sync_module.Synchronizer = base
-
-
-@contextlib.contextmanager
-def _no_flush() -> Iterator[None]:
-    """Speed-only runs: the Synchronizer's end-of-training flush sends nothing and the residuals
-    stay where they are (the run's model is thrown away; its steps were already measured)."""
-    import dataclasses
-
-    import igrt.synchronizer as sync_module
-    from igpolicy.vocab import StepMetrics
-
-    base = sync_module.Synchronizer
-
-    class NoFlush(base):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            _PATCHED_USES["no_flush"] += 1
-
-        def flush(self) -> StepMetrics:
-            row = StepMetrics(step=self.step_index, rank=self.rank, source="real", policy=self.config.policy)
-            return dataclasses.replace(row, extra={"flush_skipped": 1.0})
-
-    sync_module.Synchronizer = NoFlush
-    try:
-        yield
-    finally:
-        sync_module.Synchronizer = base
-
-
 def _run_job(ctx: Any, j: Mapping[str, Any]) -> dict[str, Any]:
     from igpolicy.config import PolicyConfig
     from igpolicy.plan import SyncPlan
-    from igrt.train import TrainOptions, step_statistics, train_on_rank
+    from igrt.train.loop import TrainOptions, step_statistics, train_on_rank
 
     options = TrainOptions(
         workload=j["workload"],
@@ -659,19 +598,11 @@ def _run_job(ctx: Any, j: Mapping[str, Any]) -> dict[str, Any]:
         evaluate=j["evaluate"],
         progress=False,
         command="experiments job",
+        flush=j.get("flush", True),
+        drop_held_residuals=j["ablation"] == "drop_held",
     )
     t0 = time.perf_counter()
-    wanted = {"drop_held": j["ablation"] == "drop_held", "no_flush": not j.get("flush", True)}
-    before = dict(_PATCHED_USES)
-    with contextlib.ExitStack() as stack:
-        if wanted["drop_held"]:
-            stack.enter_context(_drop_held_residuals())
-        if wanted["no_flush"]:
-            stack.enter_context(_no_flush())
-        outcome = train_on_rank(ctx, options)
-    for name, on in wanted.items():  # never report an ablation that silently did not apply
-        if on and _PATCHED_USES[name] == before[name]:
-            raise RuntimeError(f"{name}: igrt.train did not build its Synchronizer from igrt.synchronizer")
+    outcome = train_on_rank(ctx, options)
     wall_s = time.perf_counter() - t0
     if ctx.rank != 0:
         return {}
@@ -706,7 +637,7 @@ def _run_job(ctx: Any, j: Mapping[str, Any]) -> dict[str, Any]:
 
 def testbed_busy() -> list[str]:
     """Testbed namespaces that exist now (another run, e.g. ``igrt validate``, may own them)."""
-    from igrt import testbed
+    from igrt.testbed import namespaces as testbed
 
     return testbed.leftovers()
 
@@ -729,13 +660,13 @@ def wait_for_testbed(timeout_s: float, log=print) -> bool:
 
 def _launch_on_testbed(pending: Sequence[tuple[dict[str, Any], str]], spec: Any, *, timeout_s: float) -> None:
     """One process per rank namespace (``ip netns exec``), each a one-rank torchrun-style job
-    (env from :func:`igrt.testbed.rank_env`) running ``python -m experiments.common --jobs FILE``.
+    (env from :func:`igrt.testbed.namespaces.rank_env`) running ``python -m experiments.common --jobs FILE``.
     The caller owns the testbed (``with Testbed(spec)``). Every 5 s the rank namespaces are checked:
     if another process tore the testbed down, the ranks are stopped and RuntimeError says so
     (instead of waiting for the collectives' timeout)."""
     import tempfile
 
-    from igrt import testbed
+    from igrt.testbed import namespaces as testbed
 
     port = 29700 + os.getpid() % 200
     names = {spec.rank_ns(r) for r in range(spec.num_ranks)}
@@ -786,7 +717,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="experiments.common")
     parser.add_argument("--jobs", required=True, help="JSON list of [job, result path] pairs")
     args = parser.parse_args(argv)
-    from igrt.launch import launch
+    from igrt.train.launch import launch
 
     pending = [tuple(x) for x in json.loads(Path(args.jobs).read_text())]
     launch(_jobs_rank, nproc=1, backend="gloo", args=(pending,), timeout_s=3600.0)

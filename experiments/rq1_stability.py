@@ -8,7 +8,7 @@ pipeline over the whole run and over consecutive windows. Compared:
   Jaccard of the important sets, Spearman of the component scores;
 - **windows** — three consecutive windows of each trace, and the first against the last;
 - **workloads** — each workload's plan carried onto the other model by (component kind, relative
-  depth) with :func:`igsim.architectures.transfer_plan`, against that model's own plan (components
+  depth) with :func:`igsim.step.architectures.transfer_plan`, against that model's own plan (components
   without a counterpart are left out and counted);
 - **threshold drift** — each of the six threshold methods' value and important count per window.
 
@@ -72,7 +72,7 @@ def _windows(num_steps: int, count: int) -> list[tuple[int, int]]:
 
 def _transfer(src_plan, src_params, dst_plan, dst_params, density: float):
     """(carried plan restricted to matched components, matched keys)."""
-    from igsim.architectures import transfer_plan
+    from igsim.step.architectures import transfer_plan
 
     carried = transfer_plan(src_plan, src_params, dst_params, density=density)
     unmatched = set(carried.source.get("unmatched", []))

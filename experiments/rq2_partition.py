@@ -3,7 +3,7 @@
 The six threshold methods of :mod:`igpolicy.thresholds` (knee, Otsu, two-Gaussian mixture, optimal
 1-D 2-means, percentile q=75, fixed ratio 0.25) each turn the same importance scores (the
 workload's trace, ``igsim profile``'s pipeline, release period R) into a plan; every plan runs
-under the same online policy (importance, R, density) with ``igrt.train``. Top-k+EF at the same
+under the same online policy (importance, R, density) with ``igrt.train.loop``. Top-k+EF at the same
 density is the reference. Reported per method: the threshold and the split (important / low
 components, the low components' share of Top-k's bytes), measured bytes per step and their ratio
 to Top-k+EF, held-out quality and its difference from Top-k+EF (mean over seeds).

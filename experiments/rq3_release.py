@@ -7,7 +7,7 @@ the importance policy is trained in three variants:
 - **staggered + residuals** — the method: low components release on R phases of equal expected
   bytes, and whatever they hold stays in their residuals until it is sent;
 - **drop held** — the same schedule, but held gradients are dropped (an experiment-side ablation,
-  :func:`experiments.common._drop_held_residuals`: the runtime has no switch for it). R = 1 holds
+  ``TrainOptions(drop_held_residuals=True)``, an ablation switch of the training loop). R = 1 holds
   nothing, so the ablation is the method there;
 - **all at once** — ``PolicyConfig(staggered=False)``: every low component releases on the same
   step (the prototype's burst).

@@ -75,7 +75,7 @@ def cap_for(params, plan, config, num_buckets: int) -> int:
 
 def _sim_rows(study: Study, name: str, workload, plan, *, topology, overlap: bool, a) -> list[dict[str, Any]]:
     from igpolicy.config import PolicyConfig
-    from igsim.engine import simulate
+    from igsim.step.engine import simulate
 
     rows = []
     params = list(workload.params)
@@ -98,9 +98,9 @@ def _sim_rows(study: Study, name: str, workload, plan, *, topology, overlap: boo
 
 
 def run(study: Study) -> dict[str, Any]:
-    from igsim.architectures import architecture_params, architecture_workload, transfer_plan
-    from igsim.topology import star
-    from igsim.workload import Workload
+    from igsim.net.topology import star
+    from igsim.step.architectures import architecture_params, architecture_workload, transfer_plan
+    from igsim.step.workload import Workload
     from traces.reader import read_manifest
 
     a, quick = study.args, study.quick
@@ -142,7 +142,7 @@ def run(study: Study) -> dict[str, Any]:
 
 
 def _testbed(study: Study, wl: str, plan_path, params, rate: float) -> list[dict[str, Any]]:
-    from igrt import testbed
+    from igrt.testbed import namespaces as testbed
 
     a = study.args
     try:

@@ -4,10 +4,10 @@ Per workload (MiniLM fine-tuning: held-out accuracy; GPT post-training: held-out
 
 1. **Plan.** The workload's trace (the shipped sample for full runs) is profiled with ``igsim
    profile``'s pipeline (knee threshold, release period R) into ``plans/<workload>.json``.
-2. **Quality and bytes** — every policy x seed trained with ``igrt.train`` on ``--nproc`` gloo ranks
+2. **Quality and bytes** — every policy x seed trained with ``igrt.train.loop`` on ``--nproc`` gloo ranks
    on loopback (the arithmetic, hence bytes and quality, does not depend on the link).
 3. **Speed on a shaped link** — seed 0 of every policy for a few steps on the namespace testbed
-   (``igrt.testbed``: one rank per namespace, each link shaped both ways with tbf) at a rate where
+   (``igrt.testbed.namespaces``: one rank per namespace, each link shaped both ways with tbf) at a rate where
    Top-k's communication takes about twice the compute (``--rate``; auto from the trace: Top-k's
    nominal bytes / (2 x recorded compute)). Dense moves ~100x more bytes, so it runs 1 step
    (whose time includes the warm-up; the other policies' first step is left out).
@@ -51,7 +51,7 @@ def _quality(result: dict[str, Any], workload: str) -> float:
 
 
 def _trace_compute_s(trace: Path) -> float:
-    from igsim.workload import Workload
+    from igsim.step.workload import Workload
 
     w = Workload.from_trace(trace)
     return float(np.mean(w.forward_s + w.backward_s + w.optimizer_s))
@@ -201,7 +201,7 @@ def common_rate(a: argparse.Namespace, trace: Path, plan) -> float:
 
 def _testbed(study: Study, wl: str, plan_path: Path, rate: float) -> dict[tuple[str, str], dict[str, Any]]:
     """Seed 0 of every policy on the shaped testbed; {} (logged) where it cannot run here."""
-    from igrt import testbed
+    from igrt.testbed import namespaces as testbed
 
     a = study.args
     try:
@@ -259,8 +259,8 @@ def _target(wl: str, what: str, value: float, bound: float, met: bool | None, te
 def _extrapolate(study: Study, plans: dict[str, Any]) -> list[dict[str, Any]]:
     """igsim on LLaMA-7B/70B, 100-400 Gbit/s stars of 64-1,024 ranks, a workload's plan carried over."""
     from igpolicy.config import PolicyConfig
-    from igsim.architectures import architecture_params, architecture_workload, transfer_plan
-    from igsim.sweep import run_sweep
+    from igsim.step.architectures import architecture_params, architecture_workload, transfer_plan
+    from igsim.studies.sweep import run_sweep
 
     a = study.args
     src = "gpt" if "gpt" in plans else next(iter(plans))

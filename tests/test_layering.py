@@ -71,3 +71,34 @@ def test_checker_catches_a_broken_rule(tmp_path: Path) -> None:
     assert any("must never import torch" in v for v in found)
     assert any("must never import simpy" in v for v in found)
     assert not any("numpy" in v for v in found)
+
+
+def _full_imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module))
+    return out
+
+
+@pytest.mark.parametrize("package", ("igsim", "igrt"))
+def test_cli_modules_import_the_library_never_each_other(package: str) -> None:
+    """``<pkg>/cli/*`` may import the library and ``<pkg>.cli.options``; no library module imports the
+    CLI, and experiments use only its entry point (``<pkg>.cli.main``), never a command module."""
+    cli = f"{package}.cli"
+    problems = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        in_cli = rel.parts[1] == "cli" or rel.name == "__main__.py"
+        for line, mod in _full_imports(path):
+            if not (mod == cli or mod.startswith(cli + ".")):
+                continue
+            if in_cli and mod in (cli, f"{cli}.options"):
+                continue
+            problems.append(f"{rel}:{line}: imports {mod}")
+    for path in sorted((ROOT / "experiments").rglob("*.py")):
+        problems += [f"{path.relative_to(ROOT)}:{ln}: imports {m}" for ln, m in _full_imports(path) if m.startswith(cli + ".")]
+    assert not problems, "\n".join(problems)

@@ -1,8 +1,8 @@
 """The simulator and the runtime execute the same step plan: identical ops, bytes and collectives.
 
 Every case trains the tiny GPT on 2 real gloo ranks with ``--record-trace`` (one process set for
-all cases, ``igrt.train.train_on_rank`` per case) and replays the run with
-:func:`igsim.replay.replay_run`. Oracle: for every step and rank, the StepMetrics byte fields and
+all cases, ``igrt.train.loop.train_on_rank`` per case) and replays the run with
+:func:`igsim.studies.replay.replay_run`. Oracle: for every step and rank, the StepMetrics byte fields and
 collective count of the replay equal the measured ones, and every step's issued ops (kind, DDP or
 plan bucket, encoded bytes) are the same list. The DDP hook runs with a small ``bucket_cap_mb``
 so DDP really splits the model into several buckets and rebuilds them after step 0; the
@@ -20,7 +20,7 @@ import torch
 from igpolicy.config import PolicyConfig
 from igpolicy.plan import ComponentPlan, SyncPlan
 from igpolicy.vocab import ComponentClass, ComponentId
-from igsim.replay import load_run, replay_run
+from igsim.studies.replay import load_run, replay_run
 
 torch.set_num_threads(1)
 
@@ -52,8 +52,8 @@ CASES = list(_cases())
 
 
 def _train_all(ctx, root: str) -> int:
-    from igrt.synchronizer import build_param_infos, named_parameters
-    from igrt.train import TrainOptions, train_on_rank
+    from igrt.sync.synchronizer import build_param_infos, named_parameters
+    from igrt.train.loop import TrainOptions, train_on_rank
     from igrt.workloads import make_workload
 
     infos = build_param_infos(named_parameters(make_workload("gpt", tiny=True, seed=0).model))
@@ -76,7 +76,7 @@ def _train_all(ctx, root: str) -> int:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
-    from igrt.launch import launch
+    from igrt.train.launch import launch
 
     root = tmp_path_factory.mktemp("agreement")
     launch(_train_all, nproc=2, backend="gloo", args=(str(root),), timeout_s=600)

@@ -1,7 +1,7 @@
-"""Framework integrations: DeepSpeed, the Hugging Face Trainer, and (via :mod:`igrt.launch`) torchrun.
+"""Framework integrations: DeepSpeed, the Hugging Face Trainer, and (via :mod:`igrt.train.launch`) torchrun.
 
 - :mod:`igrt.integrations.deepspeed`: ZeRO stage 0 with the engine's backward all-reduce turned off
-  and the :class:`~igrt.synchronizer.Synchronizer` run inside the optimizer's ``step()``.
+  and the :class:`~igrt.sync.synchronizer.Synchronizer` run inside the optimizer's ``step()``.
 - :mod:`igrt.integrations.hf`: a ``TrainerCallback`` that installs the importance DDP comm hook on
   the model the Trainer (Accelerate) wrapped in DDP, and keeps the per-rank state in its checkpoints.
 

@@ -32,7 +32,7 @@ silently ignored), pipeline modules, model parallelism (``mpu``) and MoE layers.
 
 Per-rank state: DeepSpeed saves the (replicated) optimizer state from data-parallel rank 0 only,
 but residuals differ per rank. :func:`save_checkpoint` therefore writes each rank's sync state
-beside DeepSpeed's files (``<dir>/<tag>/igsync-rank{r:03d}.pt``, :mod:`igrt.checkpoint`) and
+beside DeepSpeed's files (``<dir>/<tag>/igsync-rank{r:03d}.pt``, :mod:`igrt.sync.checkpoint`) and
 :func:`load_checkpoint` restores it; the optimizer state carries the step and a marker, so a
 checkpoint saved or loaded with the engine's own methods alone fails loudly at the next step
 instead of silently resetting residuals (unless they were flushed: then nothing is lost).
@@ -50,9 +50,9 @@ import torch
 from igpolicy.config import PolicyConfig
 from igpolicy.plan import SyncPlan
 from igpolicy.vocab import StepMetrics
-from igrt.checkpoint import load_sync_state, save_sync_state, sync_state_path
 from igrt.integrations import SECTION, SyncOptions, sync_options
-from igrt.synchronizer import Synchronizer
+from igrt.sync.checkpoint import load_sync_state, save_sync_state, sync_state_path
+from igrt.sync.synchronizer import Synchronizer
 
 __all__ = [
     "ImportanceGradientOptimizer",

@@ -10,7 +10,7 @@
 the unwrapped model, while the hook belongs on the ``DistributedDataParallel`` wrapper Accelerate
 builds inside ``train()`` (``trainer.model_wrapped``). Its events:
 
-- ``on_train_begin``: registers :func:`igrt.ddp_hook.importance_hook` on that DDP wrapper (every
+- ``on_train_begin``: registers :func:`igrt.integrations.ddp_hook.importance_hook` on that DDP wrapper (every
   rank checks that the plan and config agree); when resuming (``state.global_step > 0``) it loads
   this rank's residuals from ``<output_dir>/checkpoint-<global_step>/igsync-rank{r:03d}.pt`` (or
   from ``resume_from``) and raises ValueError if they are missing — never a silent reset.
@@ -26,7 +26,7 @@ Refused with a ValueError: the Trainer's DeepSpeed or FSDP modes (use
 DDP in a multi-process run, another comm hook already registered, and ``flush_at_end`` together
 with ``load_best_model_at_end`` (the flush would apply the last run's residuals to another model).
 A single-process run has nothing to synchronize: the callback then does nothing and says so.
-To record a gradient trace instead, add :class:`igrt.hf_callback.TraceRecorderCallback`.
+To record a gradient trace instead, add :class:`igrt.integrations.hf_callback.TraceRecorderCallback`.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from igpolicy.vocab import StepMetrics
-from igrt.checkpoint import load_sync_state, save_sync_state
-from igrt.ddp_hook import ImportanceHookState, importance_hook
 from igrt.integrations import SECTION, SyncOptions, sync_options
+from igrt.integrations.ddp_hook import ImportanceHookState, importance_hook
+from igrt.sync.checkpoint import load_sync_state, save_sync_state
 
 __all__ = ["ImportanceGradientCallback", "install_importance_gradient"]
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from igpolicy.config import PolicyConfig
-from igrt.catch_up import CatchUp
-from igrt.synchronizer import Synchronizer, build_param_infos, named_parameters
+from igrt.sync.catch_up import CatchUp
+from igrt.sync.synchronizer import Synchronizer, build_param_infos, named_parameters
 from tests.igrt.tiny_model import TinyLM, make_plan
 
 torch.set_num_threads(1)
@@ -140,7 +140,7 @@ def test_catch_up_config_rules():
 def _ddp_catch_up_worker(rank: int, world: int):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from igrt.ddp_hook import ImportanceHookState, importance_hook
+    from igrt.integrations.ddp_hook import ImportanceHookState, importance_hook
 
     torch.manual_seed(0)
     model = TinyLM()
@@ -183,7 +183,7 @@ def test_igrt_train_flag_sets_catch_up(tmp_path):
     import argparse
     import json
 
-    from igrt.cmd_train import add_arguments, policy_config
+    from igrt.cli.train import add_arguments, policy_config
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -202,7 +202,7 @@ def test_config_fingerprint_of_states_saved_before_catch_up_existed():
     import hashlib
     import json
 
-    from igrt.sync_setup import default_sparsifier, fingerprint_parts
+    from igrt.sync.setup import default_sparsifier, fingerprint_parts
 
     infos = build_param_infos(named_parameters(TinyLM()))
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from igpolicy.config import PolicyConfig
-from igrt.checkpoint import load_sync_state, save_sync_state, sync_state_path
-from igrt.synchronizer import Synchronizer, build_param_infos, named_parameters
+from igrt.sync.checkpoint import load_sync_state, save_sync_state, sync_state_path
+from igrt.sync.synchronizer import Synchronizer, build_param_infos, named_parameters
 from tests.igrt.dist_util import DistPool
 from tests.igrt.tiny_model import TinyLM, make_plan
 

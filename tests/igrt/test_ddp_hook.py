@@ -14,8 +14,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from igpolicy.config import PolicyConfig
-from igrt.ddp_hook import ImportanceHookState, importance_hook
-from igrt.synchronizer import Synchronizer, build_param_infos, named_parameters
+from igrt.integrations.ddp_hook import ImportanceHookState, importance_hook
+from igrt.sync.synchronizer import Synchronizer, build_param_infos, named_parameters
 from tests.igrt.dist_util import DistPool
 from tests.igrt.tiny_model import TinyLM, make_plan
 

@@ -87,7 +87,7 @@ def test_settings_that_would_be_ignored_or_wrapped_are_refused(extra, pattern):
 
 
 def test_config_file_path_resolves_the_plan_beside_it(tmp_path):
-    from igrt.synchronizer import build_param_infos, named_parameters
+    from igrt.sync.synchronizer import build_param_infos, named_parameters
     from tests.igrt.tiny_model import TinyLM, make_plan
 
     make_plan(build_param_infos(named_parameters(TinyLM())), release_period=2).save(tmp_path / "plan.json")
@@ -240,7 +240,7 @@ def _ds_worker(rank: int, world: int, workdir: str) -> dict:
 
 @pytest.mark.slow
 def test_two_ranks_doc_snippets_checkpoint_and_dense_oracle(tmp_path):
-    from igrt.synchronizer import build_param_infos, named_parameters
+    from igrt.sync.synchronizer import build_param_infos, named_parameters
     from tests.igrt.tiny_model import TinyLM, make_plan
 
     make_plan(build_param_infos(named_parameters(TinyLM())), release_period=2).save(tmp_path / "plan.json")

@@ -139,7 +139,7 @@ def _prepare(directory: Path) -> None:
 
     Built once here: the workload's docstring dataset takes seconds per process to build.
     """
-    from igrt.synchronizer import build_param_infos, named_parameters
+    from igrt.sync.synchronizer import build_param_infos, named_parameters
     from igrt.workloads import make_workload
     from tests.igrt.tiny_model import make_plan
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from igpolicy.decide import nominal_k
-from igrt.launch import launch
-from igrt.recorder import TraceRecorder, jaccard
+from igrt.trace.recorder import TraceRecorder, jaccard
+from igrt.train.launch import launch
 from traces.reader import read_trace
 
 DENSITY = 0.25  # k = 3 of the 12 weights, 1 of the 3 biases
@@ -267,7 +267,7 @@ def test_hf_callback_follows_the_trainer_event_order(tmp_path):
     """Drive the callback in the order Trainer calls it (2 micro-batches per step, clipping on)."""
     from transformers import TrainerControl, TrainerState
 
-    from igrt.hf_callback import TraceRecorderCallback
+    from igrt.integrations.hf_callback import TraceRecorderCallback
 
     model = Known()
     cb = TraceRecorderCallback(directory=tmp_path, density=DENSITY, workload="known")
@@ -294,7 +294,7 @@ def test_hf_trainer_run(tmp_path):
     pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate, which is not installed")
     from transformers import Trainer, TrainingArguments
 
-    from igrt.hf_callback import TraceRecorderCallback
+    from igrt.integrations.hf_callback import TraceRecorderCallback
     from igrt.workloads import make_workload
 
     w = make_workload("gpt", tiny=True, seed=0)

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from igpolicy.decide import nominal_k
-from igrt.residuals import ResidualState, send_param
-from igrt.sparsifiers import make_sparsifier
+from igrt.sync.residuals import ResidualState, send_param
+from igrt.sync.sparsifiers import make_sparsifier
 
 torch.set_num_threads(1)
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from benchmarks.selection_bench import old_adtopk, old_topk
 from igpolicy.decide import nominal_k
-from igrt.sparsifiers import (
+from igrt.sync.sparsifiers import (
     _SAMPLING,
     SPARSIFIER_NAMES,
     ADTopK,

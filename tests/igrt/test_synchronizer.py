@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from igpolicy.config import PolicyConfig
 from igpolicy.vocab import CollectiveKind
-from igrt import comm
-from igrt.synchronizer import Synchronizer, build_param_infos, named_parameters
+from igrt.sync import comm
+from igrt.sync.synchronizer import Synchronizer, build_param_infos, named_parameters
 from tests.igrt.dist_util import DistPool, DistributedFailure, run_distributed
 from tests.igrt.tiny_model import TinyLM, make_plan
 

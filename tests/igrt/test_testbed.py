@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from igrt import testbed
+from igrt.testbed import namespaces as testbed
 
 
 def _supported() -> str | None:

@@ -32,7 +32,7 @@ _RUNS: dict[tuple[str, str], Path] = {}
 
 @pytest.fixture(scope="module")
 def infos():
-    from igrt.synchronizer import build_param_infos, named_parameters
+    from igrt.sync.synchronizer import build_param_infos, named_parameters
     from igrt.workloads import make_workload
 
     return build_param_infos(named_parameters(make_workload("minilm", tiny=True, seed=SEED).model))
@@ -192,7 +192,7 @@ def _ddp_reference(rank: int, world_size: int, steps: int, batch_size: int, seed
     """Plain DDP on the same workload, data shards and per-rank seeds as ``igrt train``."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from igrt.train import rank_seed
+    from igrt.train.loop import rank_seed
     from igrt.workloads import make_workload
 
     w = make_workload("minilm", tiny=True, seed=seed)

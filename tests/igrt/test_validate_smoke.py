@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from igrt import testbed
-from igrt.cmd_validate import plan_cases
+from igrt.cli.validate import plan_cases
+from igrt.testbed import namespaces as testbed
 
 
 def _key(c):

@@ -1,7 +1,7 @@
 """Flow-mode collective schedules against their closed forms (the oracle), to 1e-9 relative.
 
 Each contention-free case is simulated message by message over the flow network on a uniform star
-(or two-level cluster) and compared with the textbook formula in :mod:`igsim.analytic`, over random
+(or two-level cluster) and compared with the textbook formula in :mod:`igsim.collectives.analytic`, over random
 p, n, α, B and γ. Also: heterogeneity and concurrency oracles, traffic bookkeeping, spec errors,
 and the ``igsim collective`` command.
 """
@@ -16,12 +16,12 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from igsim import analytic as af
-from igsim.calibration import Calibration, LinkCalibration
 from igsim.cli import main
-from igsim.collectives import SUPPORTED, CollectiveSpec, predict_collective, run_collective
-from igsim.network import Network
-from igsim.topology import leaf_spine, star, two_level
+from igsim.collectives import analytic as af
+from igsim.collectives.predict import SUPPORTED, CollectiveSpec, predict_collective, run_collective
+from igsim.net.calibration import Calibration, LinkCalibration
+from igsim.net.network import Network
+from igsim.net.topology import leaf_spine, star, two_level
 
 REL = 1e-9
 EXAMPLES = settings(max_examples=30, deadline=None)

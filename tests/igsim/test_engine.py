@@ -13,10 +13,10 @@ from igpolicy.config import PolicyConfig
 from igpolicy.decide import decide_step, nominal_k, release_phases
 from igpolicy.plan import ComponentPlan, SyncPlan
 from igpolicy.vocab import CollectiveKind, ComponentClass, ParamInfo, StepMetrics
-from igsim.engine import METADATA_BYTES_PER_BUCKET, simulate
-from igsim.results import SPAN_KINDS
-from igsim.topology import star
-from igsim.workload import Jitter, Workload
+from igsim.net.topology import star
+from igsim.step.engine import METADATA_BYTES_PER_BUCKET, simulate
+from igsim.step.results import SPAN_KINDS
+from igsim.step.workload import Jitter, Workload
 
 B = 1.25e9  # 10 Gbit/s
 LAT = 5e-6  # per link; a rank-to-rank message crosses two links on a star
@@ -536,8 +536,8 @@ def test_affine_cost_shortcut_equals_exact_costs() -> None:
 
 
 def test_flow_mode_on_contended_and_heterogeneous_topologies() -> None:
-    from igsim.collectives import CollectiveSpec, predict_collective
-    from igsim.topology import leaf_spine
+    from igsim.collectives.predict import CollectiveSpec, predict_collective
+    from igsim.net.topology import leaf_spine
 
     params = make_params()
     cfg = PolicyConfig(policy="dense", num_buckets=1, packing="lpt")

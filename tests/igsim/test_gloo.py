@@ -1,4 +1,4 @@
-"""igsim.gloo: gloo's schedules against closed-form oracles on idle, uniform networks."""
+"""igsim.collectives.gloo: gloo's schedules against closed-form oracles on idle, uniform networks."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from igsim.calibration import Calibration, LinkCalibration
-from igsim.gloo import GLOO_OPS, burst_stages, predict_gloo, simulate_gloo, sparse_padded_bytes
-from igsim.topology import Topology, star
+from igsim.collectives.gloo import GLOO_OPS, burst_stages, predict_gloo, simulate_gloo, sparse_padded_bytes
+from igsim.net.calibration import Calibration, LinkCalibration
+from igsim.net.topology import Topology, star
 
 B = 1e6  # bytes per second
 

@@ -14,9 +14,9 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from igsim.calibration import Calibration, LinkCalibration
-from igsim.network import Network
-from igsim.topology import leaf_spine, star
+from igsim.net.calibration import Calibration, LinkCalibration
+from igsim.net.network import Network
+from igsim.net.topology import leaf_spine, star
 
 REL = 1e-9
 

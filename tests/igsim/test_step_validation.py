@@ -1,10 +1,10 @@
-"""igsim.step_validation: the per-policy comparison on hand-made runs."""
+"""igsim.studies.step_validation: the per-policy comparison on hand-made runs."""
 
 from __future__ import annotations
 
 import pytest
 
-from igsim import step_validation as sv
+from igsim.studies import step_validation as sv
 
 
 def _rows(comm_by_step_and_rank, *, step_s=1.0, wire=100.0):

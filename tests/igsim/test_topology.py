@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from igsim.topology import leaf_spine, load_topology, ring, star, two_level
+from igsim.net.topology import leaf_spine, load_topology, ring, star, two_level
 
 DATA = resources.files("igsim") / "data"
 

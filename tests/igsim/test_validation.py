@@ -1,4 +1,4 @@
-"""igsim.validation: the fit recovers known parameters exactly; error statistics on hand cases."""
+"""igsim.studies.validation: the fit recovers known parameters exactly; error statistics on hand cases."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from igsim import validation as v
-from igsim.calibration import Calibration
+from igsim.net.calibration import Calibration
+from igsim.studies import validation as v
 
 MiB, KiB = 1 << 20, 1 << 10
 STAR = v.TestbedDescription(num_ranks=4, rate_bytes_per_s=12.5e6, burst_s=0.002)
@@ -175,7 +175,7 @@ def test_report_command_end_to_end(tmp_path):
     path.write_text(json.dumps(doc))
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "igsim.cmd_validate_report", str(path), "--out", str(out)],
+        [sys.executable, "-m", "igsim.cli.validate_report", str(path), "--out", str(out)],
         capture_output=True,
         text=True,
         check=False,

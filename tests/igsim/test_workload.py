@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from igpolicy.components import map_parameters
 from igpolicy.plan import ComponentPlan, SyncPlan
 from igpolicy.vocab import ComponentClass, ComponentId, ComponentKind, ParamInfo
-from igsim.architectures import (
+from igsim.step.architectures import (
     ACCELERATORS,
     ARCHITECTURES,
     Architecture,
@@ -23,7 +23,7 @@ from igsim.architectures import (
     ready_fractions,
     transfer_plan,
 )
-from igsim.workload import Jitter, Workload
+from igsim.step.workload import Jitter, Workload
 from traces.reader import read_trace
 from traces.samples import write_synthetic_trace
 

@@ -21,8 +21,8 @@ from igpolicy.config import REMOVED_POLICY_KEYS, PolicyConfig
 from igpolicy.plan import ComponentPlan, SyncPlan
 from igpolicy.vocab import ComponentClass, ParamInfo
 from igrt.integrations import sync_options
-from igsim.calibration import Calibration
-from igsim.topology_files import load_topology
+from igsim.net.calibration import Calibration
+from igsim.net.topology_files import load_topology
 from traces.schema import Manifest, TraceError
 
 POLICY_KEYS = frozenset(f.name for f in dataclasses.fields(PolicyConfig))

@@ -56,7 +56,7 @@ def _park(marker: Path) -> None:
 
 
 def _park_in_sync_step(at_step: int, marker: Path) -> None:
-    from igrt.synchronizer import Synchronizer
+    from igrt.sync.synchronizer import Synchronizer
 
     original = Synchronizer.step
 
@@ -108,13 +108,13 @@ def _zygote(conn, plan_path: str) -> None:
     import torch as zy_torch
 
     zy_torch.set_num_threads(1)
-    from igrt.synchronizer import build_param_infos, named_parameters
+    from igrt.sync.synchronizer import build_param_infos, named_parameters
     from igrt.workloads import make_workload
     from tests.igrt.tiny_model import make_plan
 
     model = make_workload("minilm", tiny=True, seed=SEED).model
     make_plan(build_param_infos(named_parameters(model)), release_period=3, low_every=2).save(plan_path)
-    for module in ("igrt.cli", "igrt.cmd_train", "igrt.train", "torch._dynamo"):  # before forking
+    for module in ("igrt.cli", "igrt.cli.train", "igrt.train.loop", "torch._dynamo"):  # before forking
         importlib.import_module(module)
 
     conn.send("ready")

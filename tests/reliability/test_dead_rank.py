@@ -1,9 +1,9 @@
 """A dead or stalled rank: the survivors stop with an error naming it, in bounded time, never hang.
 
 Three gloo ranks train a tiny model with the Synchronizer, each step's synchronization under
-:meth:`igrt.watchdog.RankWatchdog.watch`. At step 3 one rank fails: it exits (``os._exit``) during
+:meth:`igrt.train.watchdog.RankWatchdog.watch`. At step 3 one rank fails: it exits (``os._exit``) during
 its forward/backward or inside its synchronization, or sleeps forever. Each survivor must raise
-:class:`~igrt.watchdog.PeerFailure` naming exactly that rank (dead or stalled) and its process must
+:class:`~igrt.train.watchdog.PeerFailure` naming exactly that rank (dead or stalled) and its process must
 exit on its own, within the bound the watchdog documents: the group's timeout (for a stall) plus
 ``3 · interval_s`` plus the store host's ``linger_s``, plus slack for process start-up on a busy
 machine. Rank 0 hosts the store; when it dies the survivors name it. With ``deadline_s`` and a group
@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 from igpolicy.config import PolicyConfig
-from igrt.synchronizer import Synchronizer
-from igrt.watchdog import EXIT_CODE, PeerFailure, PeerState, RankWatchdog, find_suspects
+from igrt.sync.synchronizer import Synchronizer
+from igrt.train.watchdog import EXIT_CODE, PeerFailure, PeerState, RankWatchdog, find_suspects
 from tests.igrt.dist_util import free_port
 from tests.igrt.tiny_model import TinyLM
 
@@ -100,7 +100,7 @@ def _rank_main(rank: int, port: int, scenario: Scenario, stderr_path: str, fault
 def ctx():
     context = mp.get_context("forkserver")
     context.set_forkserver_preload(
-        ["torch", "torch.distributed", "igrt.synchronizer", "tests.igrt.tiny_model"]
+        ["torch", "torch.distributed", "igrt.sync.synchronizer", "tests.igrt.tiny_model"]
     )
     return context
 

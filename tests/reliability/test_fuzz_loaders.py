@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 from igpolicy.config import PolicyConfig
 from igpolicy.plan import ComponentPlan, SyncPlan
 from igpolicy.vocab import ComponentClass
-from igsim.topology_files import load_topology
+from igsim.net.topology_files import load_topology
 from traces.reader import read_trace
 from traces.samples import write_synthetic_trace
 from traces.schema import MANIFEST_NAME, TraceError

@@ -17,8 +17,8 @@ import torch
 from igpolicy.config import PolicyConfig
 from igpolicy.plan import ComponentPlan, SyncPlan
 from igpolicy.vocab import ComponentClass
-from igrt.checkpoint import load_sync_state, save_sync_state
-from igrt.synchronizer import Synchronizer, build_param_infos, named_parameters
+from igrt.sync.checkpoint import load_sync_state, save_sync_state
+from igrt.sync.synchronizer import Synchronizer, build_param_infos, named_parameters
 from tests.igrt.dist_util import DistPool
 from tests.igrt.tiny_model import TinyLM, make_plan
 

@@ -1,0 +1,19 @@
+"""``igrt``: train with importance-aware sync, record traces, validate on a testbed, benchmark."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from igpolicy.cli_util import dispatch
+
+COMMANDS = {
+    "train": ("igrt.cli.train", "train a reference workload with a sync policy on real processes"),
+    "record": ("igrt.cli.record", "record a gradient trace from a reference workload"),
+    "bench": ("igrt.cli.bench", "print the synchronizer overhead table"),
+    "testbed": ("igrt.cli.testbed", "set up / tear down the network-namespace testbed (root)"),
+    "validate": ("igrt.cli.validate", "measure collectives and steps on the testbed, compare with igsim"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return dispatch(prog="igrt", description=__doc__ or "", commands=COMMANDS, argv=argv)

@@ -1,0 +1,229 @@
+"""``igrt record``: train a reference workload on real processes and record its gradient trace.
+
+Each rank computes its local gradient, the recorder (the runtime's own sparsifier) writes what it
+would select, then the ranks average their gradients with one dense all-reduce — so the model
+trains exactly as plain data-parallel training would, and the trace is of that training.
+
+    igrt record --workload minilm --nproc 2 --steps 300 -o traces/samples/minilm
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from igrt.workloads import WORKLOADS
+
+RECORD_SPARSIFIERS = ("topk", "adtopk", "randomk")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", required=True, choices=WORKLOADS, help="reference workload to train")
+    parser.add_argument(
+        "-o", "--output", required=True, type=Path, help="trace directory (must not hold a trace)"
+    )
+    parser.add_argument("--steps", type=int, default=100, help="optimizer steps to record (default 100)")
+    parser.add_argument(
+        "--nproc", type=int, default=2, help="ranks to spawn (ignored under torchrun; default 2)"
+    )
+    parser.add_argument(
+        "--density", type=float, default=0.01, help="sparsifier density in (0, 1] (default 0.01)"
+    )
+    parser.add_argument("--sparsifier", choices=RECORD_SPARSIFIERS, default="topk", help="default topk")
+    parser.add_argument(
+        "--batch-size", type=int, default=16, help="examples per rank per micro-batch (default 16)"
+    )
+    parser.add_argument("--grad-accum-steps", type=int, default=1, help="micro-batches per step (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="model, data and sparsifier seed (default 0)")
+    parser.add_argument("--tiny", action="store_true", help="tiny random-init model (tests, smoke runs)")
+    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="default auto")
+    parser.add_argument("--rows-per-part", type=int, default=200_000, help="rows per Parquet part file")
+    parser.add_argument(
+        "--no-eval", action="store_true", help="skip the held-out evaluation before and after"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="collective timeout, seconds (default 600)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The canonical command that reproduces this recording."""
+    parts = [
+        "igrt record",
+        f"--workload {args.workload}",
+        f"--nproc {args.nproc}",
+        f"--steps {args.steps}",
+        f"-o {args.output}",
+        f"--density {args.density:g}",
+        f"--sparsifier {args.sparsifier}",
+        f"--batch-size {args.batch_size}",
+        f"--seed {args.seed}",
+    ]
+    if args.grad_accum_steps != 1:
+        parts.append(f"--grad-accum-steps {args.grad_accum_steps}")
+    if args.tiny:
+        parts.append("--tiny")
+    if args.rows_per_part != 200_000:
+        parts.append(f"--rows-per-part {args.rows_per_part}")
+    return " ".join(parts)
+
+
+def _check(args: argparse.Namespace) -> None:
+    for name in ("steps", "nproc", "batch_size", "grad_accum_steps", "rows_per_part"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not 0.0 < args.density <= 1.0:
+        raise ValueError(f"--density must be in (0, 1], got {args.density}")
+    first_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 writes the manifest
+    if first_rank and (args.output / "manifest.json").exists():
+        raise ValueError(f"{args.output} already holds a trace; record into a new directory")
+
+
+def _average_gradients(params: list, world_size: int) -> None:
+    """Average ``.grad`` over ranks in place, one all-reduce per parameter (a missing grad counts as
+    zeros, so every rank issues the same collectives)."""
+    import torch
+    import torch.distributed as dist
+
+    if world_size == 1:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad)
+        p.grad /= world_size
+
+
+def _record_rank(ctx: Any, opts: dict[str, Any]) -> dict[str, Any]:
+    """One rank: build the workload, train ``steps`` steps under the recorder, return a summary."""
+    import torch
+    import torch.distributed
+    from tqdm import tqdm
+
+    from igrt.trace.recorder import TraceRecorder
+    from igrt.workloads import make_workload
+
+    workload = make_workload(opts["workload"], tiny=opts["tiny"], seed=opts["seed"])
+    torch.manual_seed(opts["seed"] * 1009 + ctx.rank)  # dropout masks differ per rank, as in DDP
+    model = workload.model.to(ctx.device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = workload.optimizer(model)
+    batches = workload.train_batches(ctx.rank, ctx.world_size, opts["batch_size"])
+    summary: dict[str, Any] = {"rank": ctx.rank}
+    if ctx.rank == 0 and opts["eval"]:
+        summary["eval_before"] = workload.evaluate(model)
+    if ctx.world_size > 1:
+        torch.distributed.barrier()  # rank 0's evaluation must not count as the others' recording time
+    recorder = TraceRecorder(
+        model,
+        directory=opts["output"],
+        sparsifier=opts["sparsifier"],
+        density=opts["density"],
+        grad_accum_steps=opts["grad_accum_steps"],
+        workload=opts["workload"] + (" (tiny)" if opts["tiny"] else ""),
+        command=opts["command"],
+        rows_per_part=opts["rows_per_part"],
+        seed=opts["seed"],
+        extra={
+            "batch_size": opts["batch_size"],
+            "seed": opts["seed"],
+            "tiny": opts["tiny"],
+            "backend": ctx.backend,
+            "num_params": sum(p.numel() for p in params),
+        },
+    )
+    bar = tqdm(
+        total=opts["steps"], desc=f"record {opts['workload']}", disable=ctx.rank != 0 or not opts["progress"]
+    )
+    step_s, losses = [], []
+    with recorder:
+        for _ in range(opts["steps"]):
+            t0 = time.perf_counter()
+            recorder.begin_step()
+            step_loss = 0.0
+            for _ in range(opts["grad_accum_steps"]):
+                loss = workload.loss(model, next(batches))
+                recorder.begin_backward()
+                (loss / opts["grad_accum_steps"]).backward()
+                recorder.end_backward()
+                step_loss += float(loss.detach()) / opts["grad_accum_steps"]
+            _average_gradients(params, ctx.world_size)
+            recorder.begin_optimizer()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            recorder.end_step(loss=step_loss)
+            step_s.append(time.perf_counter() - t0)
+            losses.append(step_loss)
+            bar.update(1)
+            bar.set_postfix(loss=f"{step_loss:.3f}")
+        bar.close()
+        if ctx.rank == 0 and opts["eval"]:
+            summary["eval_after"] = workload.evaluate(model)
+            recorder.add_extra({"eval_before": summary["eval_before"], "eval_after": summary["eval_after"]})
+        record_s = recorder.record_s
+    if ctx.world_size > 1:
+        torch.distributed.barrier()  # every rank's parts are on disk before rank 0 reads the trace
+    summary.update(
+        step_s_mean=sum(step_s) / len(step_s),
+        record_s_mean=sum(record_s) / len(record_s),
+        loss_first=losses[0],
+        loss_last=losses[-1],
+        num_params=len(params),
+    )
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    from igrt.train.launch import launch
+    from igrt.workloads import prepare_workload
+    from traces.reader import read_trace
+
+    _check(args)
+    print(f"igrt record: {prepare_workload(args.workload, tiny=args.tiny, seed=args.seed)}", file=sys.stderr)
+    opts = {
+        "workload": args.workload,
+        "tiny": args.tiny,
+        "seed": args.seed,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "grad_accum_steps": args.grad_accum_steps,
+        "density": args.density,
+        "sparsifier": args.sparsifier,
+        "output": str(args.output),
+        "rows_per_part": args.rows_per_part,
+        "eval": not args.no_eval,
+        "progress": not args.no_progress,
+        "command": _command_line(args),
+    }
+    t0 = time.perf_counter()
+    results = launch(
+        _record_rank, nproc=args.nproc, backend=args.backend, args=(opts,), timeout_s=args.timeout
+    )
+    wall_s = time.perf_counter() - t0
+    if 0 not in results:  # under torchrun only rank 0 reports
+        return 0
+    first = results[0]
+    trace = read_trace(args.output)
+    print(
+        f"wrote {args.output}: {trace.num_steps} steps x {len(trace.ranks)} ranks x {first['num_params']} params"
+    )
+    print(
+        f"  rows: params {len(trace.params['step'])}, steps {len(trace.steps['step'])}, "
+        f"unions {len(trace.unions['step'])}; parts {len(trace.parts)}"
+    )
+    print(f"  {args.sparsifier} at density {args.density:g}; wall {wall_s:.1f} s")
+    for rank, r in results.items():
+        print(
+            f"  rank {rank}: step {r['step_s_mean'] * 1e3:.0f} ms (recording {r['record_s_mean'] * 1e3:.0f} ms), "
+            f"loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}"
+        )
+    if "eval_after" in first:
+        before = ", ".join(f"{k} {v:.4g}" for k, v in first["eval_before"].items())
+        after = ", ".join(f"{k} {v:.4g}" for k, v in first["eval_after"].items())
+        print(f"  held-out before: {before}\n  held-out after:  {after}")
+    return 0

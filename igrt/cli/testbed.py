@@ -1,0 +1,60 @@
+"""``igrt testbed up|down|status``: the network-namespace testbed (needs root)."""
+
+from __future__ import annotations
+
+import argparse
+
+from igpolicy.units import format_bandwidth, parse_bandwidth
+from igrt.testbed import namespaces as testbed
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=("up", "down", "status"))
+    p.add_argument("--ranks", type=int, default=4, help="number of rank namespaces (default 4)")
+    p.add_argument("--rate", default="100Mbit", help="per-rank link rate, both directions (default 100Mbit)")
+    p.add_argument("--two-level", action="store_true", help="two bridges joined by one shaped uplink")
+    p.add_argument("--uplink-rate", default=None, help="rate of the inter-bridge link (default: --rate)")
+    p.add_argument("--hetero", action="store_true", help="make the last rank's NIC slower")
+    p.add_argument("--slow-rate", default=None, help="rate of the slow NIC with --hetero (default: rate/4)")
+
+
+def spec_from_args(args: argparse.Namespace) -> testbed.TestbedSpec:
+    rate = parse_bandwidth(args.rate)
+    return testbed.TestbedSpec(
+        num_ranks=args.ranks,
+        rate_bytes_per_s=rate,
+        two_level=args.two_level,
+        uplink_rate_bytes_per_s=parse_bandwidth(args.uplink_rate) if args.uplink_rate else None,
+        slow_rank=args.ranks - 1 if args.hetero else None,
+        slow_rate_bytes_per_s=(parse_bandwidth(args.slow_rate) if args.slow_rate else rate / 4)
+        if args.hetero
+        else None,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.action == "down":
+            removed = testbed.teardown()
+            print(f"removed {len(removed)} namespaces" + (f": {' '.join(removed)}" if removed else ""))
+        elif args.action == "status":
+            found = testbed.leftovers()
+            print("testbed namespaces: " + (" ".join(found) if found else "none"))
+        else:
+            spec = spec_from_args(args)
+            testbed.setup(spec)
+            print(
+                f"testbed up: {spec.num_ranks} ranks at {format_bandwidth(spec.rate_bytes_per_s)} each way"
+                + (f", two-level uplink {format_bandwidth(spec.uplink_rate)}" if spec.two_level else "")
+                + (
+                    f", rank {spec.slow_rank} at {format_bandwidth(spec.rank_rate(spec.slow_rank))}"
+                    if spec.slow_rank is not None
+                    else ""
+                )
+            )
+            for r in range(spec.num_ranks):
+                print(f"  rank {r}: namespace {spec.rank_ns(r)}  address {spec.rank_addr(r)}")
+            print("tear down with: igrt testbed down")
+    except testbed.TestbedError as e:
+        raise ValueError(str(e)) from None
+    return 0

@@ -1,0 +1,218 @@
+"""``igrt train``: train a reference workload on real processes with a gradient-sync policy.
+
+    igrt train --workload minilm --policy importance --plan plan.json --nproc 2 --steps 200 --out runs/imp
+    torchrun --nproc-per-node 2 -m igrt train --workload gpt --policy topk --steps 100 --out runs/topk
+
+The policy comes from ``--config FILE.json`` (PolicyConfig keys, strict: an unknown or removed key
+is an error naming it) with ``--policy``, ``--density``, ``--release-period``, ``--packing`` and
+``--seed`` on top. Writes ``metrics.csv``, ``summary.json``, ``eval.json``, ``model.pt`` and
+``checkpoint/`` into ``--out`` (see :mod:`igrt.train.loop` and docs/runtime.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from igpolicy.config import PACKINGS, POLICIES, SPARSIFIERS, PolicyConfig
+from igrt.workloads import WORKLOADS
+
+__all__ = ["add_arguments", "options_from_args", "policy_config", "run"]
+
+INTEGRATIONS = ("sync", "ddp-hook")  # igrt.train.loop.INTEGRATIONS (not imported: keeps --help torch-free)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", required=True, choices=WORKLOADS, help="reference workload")
+    p.add_argument("--policy", choices=POLICIES, default=None, help="sync policy (or 'policy' in --config)")
+    p.add_argument("--plan", type=Path, default=None, help="SyncPlan JSON (required by --policy importance)")
+    p.add_argument("--nproc", type=int, default=2, help="ranks to spawn (ignored under torchrun; default 2)")
+    p.add_argument(
+        "--backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="auto: nccl with CUDA tensors when CUDA is available, else gloo",
+    )
+    p.add_argument("--steps", type=int, default=100, help="total optimizer steps (default 100)")
+    p.add_argument("--density", type=float, default=None, help="sparsifier density in (0, 1]")
+    p.add_argument("--release-period", type=int, default=None, help="R: low components release every R steps")
+    p.add_argument("--packing", choices=PACKINGS, default=None, help="bucket packing (default kk)")
+    p.add_argument("--config", type=Path, default=None, help="PolicyConfig JSON (strict keys)")
+    p.add_argument(
+        "--collective",
+        choices=("auto", "sparse", "dense"),
+        default=None,
+        help="per bucket: sparse gather, dense all-reduce, or auto (the cheaper on nominal sizes)",
+    )
+    p.add_argument("--sparsifier", choices=SPARSIFIERS, default=None, help="entry selection (default topk)")
+    p.add_argument(
+        "--record-trace",
+        action="store_true",
+        help="also record this run's own trace (phase times, ready times, sent k) and executed ops "
+        "into OUT/trace and OUT/ops.csv, for igsim replay OUT",
+    )
+    p.add_argument(
+        "--catch-up",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="scale each update by the steps its gradient carries (Adam-family optimizers; see docs/runtime.md)",
+    )
+    p.add_argument("--tiny", action="store_true", help="tiny random-init model (tests, smoke runs)")
+    p.add_argument("--seed", type=int, default=0, help="model, data and sparsifier seed (default 0)")
+    p.add_argument(
+        "--batch-size", type=int, default=16, help="examples per rank per micro-batch (default 16)"
+    )
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (default 1)")
+    p.add_argument(
+        "--integration",
+        choices=INTEGRATIONS,
+        default="sync",
+        help="sync: Synchronizer after backward; ddp-hook: DDP + importance_hook",
+    )
+    p.add_argument(
+        "--ddp-bucket-cap-mb",
+        type=float,
+        default=None,
+        help="ddp-hook: DDP's bucket_cap_mb (default: DDP's own, 25 MiB with a 1 MiB first bucket)",
+    )
+    p.add_argument(
+        "--eval-every", type=int, default=0, help="held-out evaluation every K steps (0: end only)"
+    )
+    p.add_argument("--no-eval", action="store_true", help="skip every held-out evaluation")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every K steps (0: end only)")
+    p.add_argument(
+        "--resume", type=Path, default=None, help="continue from a checkpoint (DIR or DIR/checkpoint)"
+    )
+    p.add_argument("--out", type=Path, default=None, help="output directory (default runs/WORKLOAD-POLICY)")
+    p.add_argument("--timeout", type=float, default=600.0, help="collective timeout, seconds (default 600)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"--config {path}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"--config {path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: expected a JSON object of PolicyConfig keys")
+    return data
+
+
+def policy_config(args: argparse.Namespace) -> PolicyConfig:
+    """--config file (strict keys), then the explicit flags on top; the seed defaults to --seed."""
+    data: dict[str, Any] = _read_config(args.config) if args.config else {}
+    where = f"--config {args.config}" if args.config else "policy config"
+    PolicyConfig.from_dict(data, where=where)  # names a bad key of the file before flags are merged
+    for key, value in (
+        ("policy", args.policy),
+        ("density", args.density),
+        ("release_period", args.release_period),
+        ("packing", args.packing),
+        ("catch_up", args.catch_up),
+        ("collective", args.collective),
+        ("sparsifier", args.sparsifier),
+    ):
+        if value is not None:
+            data[key] = value
+    if "policy" not in data:
+        raise ValueError(f"give --policy ({', '.join(POLICIES)}) or 'policy' in --config")
+    data.setdefault("seed", args.seed)
+    return PolicyConfig.from_dict(data, where=where)
+
+
+def options_from_args(args: argparse.Namespace):
+    """TrainOptions from parsed arguments (ValueError for bad combinations)."""
+    from igpolicy.plan import SyncPlan
+    from igrt.train.loop import TrainOptions
+
+    config = policy_config(args)
+    plan = SyncPlan.load(args.plan) if args.plan is not None else None
+    out = args.out if args.out is not None else Path("runs") / f"{args.workload}-{config.policy}"
+    if args.nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
+    return TrainOptions(
+        workload=args.workload,
+        config=config,
+        steps=args.steps,
+        plan=plan,
+        plan_path=str(args.plan) if args.plan is not None else None,
+        batch_size=args.batch_size,
+        grad_accum=args.grad_accum,
+        integration=args.integration,
+        tiny=args.tiny,
+        seed=args.seed,
+        evaluate=not args.no_eval,
+        eval_every=args.eval_every,
+        checkpoint_every=args.checkpoint_every,
+        resume=str(args.resume) if args.resume is not None else None,
+        out=str(out),
+        progress=not args.no_progress,
+        command=_command_line(args),
+        record_trace=args.record_trace,
+        ddp_bucket_cap_mb=args.ddp_bucket_cap_mb,
+    )
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The ``igrt train`` command with every setting spelled out (recorded in summary.json)."""
+    parts = ["igrt", "train"]
+    for key, value in sorted(vars(args).items()):
+        if key in ("command", "_run") or value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        parts += [flag] if value is True else [flag, str(value)]
+    return shlex.join(parts)
+
+
+def _mb(x: float) -> str:
+    return f"{x / 1e6:.3f} MB"
+
+
+def _num(x: float | None, spec: str, scale: float = 1.0) -> str:
+    return "n/a" if x is None else format(x * scale, spec)
+
+
+def run(args: argparse.Namespace) -> int:
+    from igrt.train.loop import train
+    from igrt.workloads import prepare_workload
+
+    options = options_from_args(args)
+    first_rank = os.environ.get("RANK", "0") == "0"
+    if first_rank:
+        print(
+            f"igrt train: {prepare_workload(args.workload, tiny=args.tiny, seed=args.seed)}", file=sys.stderr
+        )
+    else:
+        prepare_workload(args.workload, tiny=args.tiny, seed=args.seed)
+    summary = train(options, nproc=args.nproc, backend=args.backend, timeout_s=args.timeout)
+    if not summary:
+        return 0
+    s = summary["stats"]
+    b = s["bytes_per_step"]
+    print(f"wrote {options.out}: metrics.csv, summary.json, eval.json, model.pt, checkpoint/")
+    print(
+        f"  {summary['config']['policy']} on {summary['world_size']} {summary['backend']} ranks "
+        f"({summary['integration']}), steps {summary['start_step']}..{summary['steps']}"
+    )
+    print(
+        f"  bytes/step/rank {_mb(b['wire_bytes'])} (values {_mb(b['values_bytes'])}, indices "
+        f"{_mb(b['indices_bytes'])}, dense {_mb(b['dense_bytes'])}, metadata {b['metadata_bytes']:.0f} B); "
+        f"peak/median {_num(s['peak_to_median'], '.2f')}"
+    )
+    print(
+        f"  step {_num(s['step_s_mean'], '.0f', 1e3)} ms ({_num(s['steps_per_s'], '.2f')} steps/s), exposed "
+        f"comm {_num(s['exposed_comm_s_mean'], '.1f', 1e3)} ms; "
+        f"final flush {_mb(summary['flush_bytes_per_rank']['wire_bytes'])}"
+    )
+    final = summary["eval"]["final"]
+    if final:
+        metrics = ", ".join(f"{k} {v:.4g}" for k, v in final.items() if isinstance(v, float))
+        print(f"  held-out after flush: {metrics}; final training loss {summary['final_loss']:.4f}")
+    return 0

@@ -1,0 +1,294 @@
+"""``igrt validate``: real gloo collectives on the namespace testbed vs igsim's prediction.
+
+Builds the testbed (root), times a calibration set and a disjoint validation set of cases on real
+gloo processes (one per rank namespace, :mod:`igrt.testbed.netmeasure`), writes ``DIR/measurements.json``,
+tears the testbed down (always, also on errors and Ctrl-C), then runs the igsim side as a
+subprocess — ``python -m igsim.cli.validate_report`` — which fits the calibration, predicts every
+case, prints the table and writes ``DIR/calibration.json`` and ``DIR/report.json``. igrt never
+imports igsim: the measurement file is the interface (layout in :mod:`igsim.studies.validation`).
+
+Cases (sizes are each rank's full buffer n; see :mod:`igrt.testbed.netbench`):
+
+- calibration: small p2p / all-reduce / all-gather (alpha), large p2p (one-way bandwidth), large
+  all-reduce / all-gather (duplex bandwidth);
+- validation: other sizes of all-reduce and all-gather, reduce-scatter, broadcast, sparse
+  all-gather with skewed per-rank sizes, p2p. No validation case repeats a calibration case.
+
+The largest size is capped so that no case moves much more than a second of traffic over the
+slowest link.
+
+With ``--steps N`` it also validates training steps: a trace of ``--workload`` is recorded on
+loopback and profiled into a plan (``igsim profile``), each policy trains N steps with ``igrt
+train`` on the testbed (one process per rank namespace), and the igsim side replays the same runs
+with the fitted calibration (:mod:`igsim.studies.step_validation`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from igpolicy.units import format_bandwidth, parse_bandwidth
+from igrt.testbed import namespaces as testbed
+from igrt.testbed import netmeasure
+
+__all__ = ["POLICIES", "add_arguments", "plan_cases", "run", "spec_from_args", "train_on_testbed"]
+
+KiB, MiB = 1024, 1024 * 1024
+POLICIES = ("dense", "topk", "importance")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ranks", type=int, default=4, help="rank namespaces (default 4)")
+    p.add_argument("--rate", default="100Mbit", help="per-rank link rate, both directions (default 100Mbit)")
+    p.add_argument("--two-level", action="store_true", help="two bridges joined by one slower uplink")
+    p.add_argument(
+        "--uplink-rate", default=None, help="inter-bridge rate with --two-level (default: rate / 2)"
+    )
+    p.add_argument("--hetero", action="store_true", help="give the last rank a slower NIC")
+    p.add_argument("--slow-rate", default=None, help="rate of the slow NIC with --hetero (default: rate / 4)")
+    p.add_argument("--quick", action="store_true", help="few sizes and 3 reps (the CI smoke version)")
+    p.add_argument("--reps", type=int, default=None, help="timed reps per case (default 7, --quick 3)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs per case before the reps")
+    p.add_argument("--out", default="validate-out", help="directory for measurements, calibration, report")
+    p.add_argument("--timeout-s", type=float, default=1800.0, help="kill the ranks after this long")
+    p.add_argument(
+        "--steps", type=int, default=0, help="also train each policy N steps and compare (default 0)"
+    )
+    p.add_argument("--workload", default="gpt", help="workload of the step validation (default gpt)")
+    p.add_argument("--tiny", action="store_true", help="the workload's tiny model (fast, latency-bound)")
+    p.add_argument("--policies", default=",".join(POLICIES), help="policies of the step validation")
+
+
+def spec_from_args(args: argparse.Namespace) -> testbed.TestbedSpec:
+    rate = parse_bandwidth(args.rate)
+    return testbed.TestbedSpec(
+        num_ranks=args.ranks,
+        rate_bytes_per_s=rate,
+        two_level=args.two_level,
+        uplink_rate_bytes_per_s=(parse_bandwidth(args.uplink_rate) if args.uplink_rate else rate / 2)
+        if args.two_level
+        else None,
+        slow_rank=args.ranks - 1 if args.hetero else None,
+        slow_rate_bytes_per_s=(parse_bandwidth(args.slow_rate) if args.slow_rate else rate / 4)
+        if args.hetero
+        else None,
+    )
+
+
+def _bottleneck_bytes_per_s(spec: testbed.TestbedSpec) -> float:
+    rates = [spec.rank_rate(r) for r in range(spec.num_ranks)]
+    if spec.two_level:
+        rates.append(spec.uplink_rate)
+    return min(rates)
+
+
+def plan_cases(num_ranks: int, *, max_bytes: int, quick: bool = False) -> list[dict[str, Any]]:
+    """The calibration and validation cases (disjoint, each labelled with its ``role``).
+
+    Names carry the nominal size; ``size_bytes`` is what netbench really moves (all-gather and
+    reduce-scatter buffers hold num_ranks whole fp32 blocks). Sizes above ``max_bytes`` are left
+    out, except that one large calibration case of each kind is always kept (at most ``max_bytes``).
+    """
+    p = num_ranks
+
+    def dense(op: str, role: str, n: int) -> dict[str, Any]:
+        real = max(n // (4 * p), 1) * 4 * p if op in ("all_gather", "reduce_scatter") else max(n // 4, 1) * 4
+        return {"name": f"{op}-{_label(n)}", "op": op, "role": role, "size_bytes": real}
+
+    def sparse(role: str, top: int, tag: str) -> dict[str, Any]:
+        # skewed: rank r carries top / 2**(p-1-r) bytes of (index, value) pairs; "zero": rank 0 has none
+        sizes = [max(top >> (p - 1 - r), 8) // 8 * 8 for r in range(p)]
+        if tag == "zero":
+            sizes[0] = 0
+        return {"name": f"sparse_all_gather-{tag}-{_label(top)}", "op": "sparse_all_gather", "role": role,
+                "sizes_bytes": sizes}  # fmt: skip
+
+    def fits(n: int) -> bool:
+        return n <= max_bytes
+
+    big = min(2 * MiB, max_bytes)
+    cal = "calibration"
+    cases = [dense("p2p", cal, 64), dense("all_reduce", cal, 4 * KiB), dense("all_gather", cal, 4 * KiB)]
+    cases += [dense("p2p", cal, big), dense("all_reduce", cal, big), dense("all_gather", cal, big)]
+    val = "validation"
+    if quick:
+        cases += [dense("all_reduce", val, n) for n in (256 * KiB, 1 * MiB) if fits(n)]
+        cases += [dense("all_gather", val, 512 * KiB)] if fits(512 * KiB) else []
+        cases += [dense("reduce_scatter", val, 512 * KiB), dense("broadcast", val, 512 * KiB)]
+        cases += [sparse(val, 256 * KiB, "skew"), dense("p2p", val, 256 * KiB)]
+    else:
+        cases += [dense("p2p", cal, n) for n in (1 * KiB, 16 * KiB)]
+        cases += [dense("all_reduce", cal, 16 * KiB), dense("all_gather", cal, 16 * KiB)]
+        cases += [dense("all_reduce", cal, 512 * KiB)] if big != 512 * KiB else []
+        sizes = [64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 8 * MiB]
+        cases += [dense(op, val, n) for op in ("all_reduce", "all_gather") for n in sizes if fits(n)]
+        cases += [dense(op, val, n) for op in ("reduce_scatter", "broadcast")
+                  for n in (16 * KiB, 256 * KiB, 1 * MiB, 4 * MiB) if fits(n)]  # fmt: skip
+        cases += [
+            sparse(val, n, tag) for tag in ("skew", "zero") for n in (64 * KiB, 512 * KiB, 2 * MiB) if fits(n)
+        ]
+        cases += [dense("p2p", val, n) for n in (256 * KiB, 4 * MiB) if fits(n)]
+    keys = [(c["op"], c.get("size_bytes"), tuple(c.get("sizes_bytes", ()))) for c in cases]
+    assert len(set(keys)) == len(keys), "plan_cases: a case appears twice"
+    return cases
+
+
+def _label(n: int) -> str:
+    if n >= MiB:
+        return f"{n / MiB:g}MiB"
+    if n >= KiB:
+        return f"{n / KiB:g}KiB"
+    return f"{n}B"
+
+
+def _burst_s(spec: testbed.TestbedSpec) -> float:
+    """The shapers' token-bucket burst in seconds of line rate on the slowest link (the same rule
+    as :func:`igrt.testbed.namespaces._tbf`: max(2 frames, 2 ms of traffic))."""
+    rate = _bottleneck_bytes_per_s(spec)
+    return max(2 * (spec.mtu + 14), int(rate * 0.002)) / rate
+
+
+def _describe(spec: testbed.TestbedSpec) -> dict[str, Any]:
+    return {
+        "num_ranks": spec.num_ranks,
+        "rate_bytes_per_s": spec.rate_bytes_per_s,
+        "two_level": spec.two_level,
+        "uplink_rate_bytes_per_s": spec.uplink_rate if spec.two_level else None,
+        "slow_rank": spec.slow_rank,
+        "slow_rate_bytes_per_s": spec.slow_rate_bytes_per_s,
+        "mtu": spec.mtu,
+        "burst_s": _burst_s(spec),
+    }
+
+
+def _subprocess(cmd: list[str], *, what: str) -> None:
+    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr).strip()[-1500:]
+        raise ValueError(f"{what} failed (exit {proc.returncode}): {shlex.join(cmd)}\n{tail}")
+
+
+def prepare_steps(steps_dir: Path, *, workload: str, steps: int, tiny: bool) -> None:
+    """A trace of ``workload`` (igrt record on loopback: the trace is about gradients, not the
+    network) and the SyncPlan profiled from it (igsim profile, a subprocess); kept if present."""
+    trace, plan = steps_dir / "trace", steps_dir / "plan.json"
+    size = ["--tiny"] if tiny else []
+    if not (trace / "manifest.json").exists():
+        cmd = [sys.executable, "-m", "igrt", "record", "--workload", workload, *size, "--nproc", "2",
+               "--steps", str(steps + 2), "-o", str(trace)]  # fmt: skip
+        _subprocess(cmd, what="recording the trace")
+    if not plan.exists():
+        _subprocess([sys.executable, "-m", "igsim", "profile", str(trace), "-o", str(plan)], what="profiling")
+
+
+def train_on_testbed(
+    spec: testbed.TestbedSpec, steps_dir: Path, *, policy: str, workload: str, steps: int, tiny: bool,
+    timeout_s: float,
+) -> None:  # fmt: skip
+    """``igrt train`` of ``policy`` for ``steps`` steps, one process per rank namespace, into
+    ``steps_dir/real_<policy>`` (metrics.csv with every rank's StepMetrics rows)."""
+    args = ["igrt", "train", "--workload", workload, "--policy", policy, "--steps", str(steps), "--no-eval",
+            "--no-progress", "--out", str(steps_dir / f"real_{policy}"), "--timeout", str(timeout_s)]  # fmt: skip
+    args += ["--tiny"] if tiny else []
+    args += ["--plan", str(steps_dir / "plan.json")] if policy == "importance" else []
+    port = 29600 + POLICIES.index(policy) if policy in POLICIES else None
+    netmeasure.run_ranks(
+        args, spec=spec, timeout_s=timeout_s, what=f"igrt train --policy {policy}", port=port
+    )
+
+
+def measure_on_testbed(
+    spec: testbed.TestbedSpec,
+    cases: list[dict[str, Any]],
+    *,
+    reps: int,
+    warmup: int,
+    timeout_s: float,
+    steps: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Build the testbed, time ``cases`` on it (then, with ``steps``, train every policy on it),
+    always tear it down; returns the measurement file."""
+    try:
+        testbed.check_support()
+    except testbed.TestbedError as e:
+        raise ValueError(f"igrt validate: {e}") from None
+    t0, date = time.time(), time.strftime("%Y-%m-%d %H:%M:%S")
+    with testbed.Testbed(spec):
+        measured = netmeasure.measure(cases, spec=spec, reps=reps, warmup=warmup, timeout_s=timeout_s)
+        wall = time.time() - t0
+        for policy in (steps or {}).get("policies", ()):
+            t1 = time.time()
+            train_on_testbed(spec, steps["dir"], policy=policy, workload=steps["workload"], steps=steps["steps"],
+                             tiny=steps["tiny"], timeout_s=timeout_s)  # fmt: skip
+            print(f"trained {policy} for {steps['steps']} steps in {time.time() - t1:.0f} s", flush=True)
+    by_name = {r["name"]: r for r in measured["results"]}
+    merged = []
+    for c in cases:
+        r = by_name[c["name"]]
+        merged.append(
+            {**c, "times_s": r["times_s"], "median_s": r["median_s"], "world_size": r["world_size"]}
+        )
+    return {
+        "testbed": _describe(spec),
+        "reps": reps,
+        "warmup": warmup,
+        "host": measured.get("host", ""),
+        "date": date,
+        "wall_s": wall,
+        "cases": merged,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args)
+    reps = args.reps or (3 if args.quick else 7)
+    if reps < 1 or args.warmup < 0 or args.steps < 0:
+        raise ValueError(f"--reps {reps} must be >= 1, --warmup {args.warmup} and --steps {args.steps} >= 0")
+    policies = [s.strip() for s in args.policies.split(",") if s.strip()]
+    unknown = [s for s in policies if s not in POLICIES]
+    if unknown:
+        raise ValueError(f"--policies: {unknown} are not among {', '.join(POLICIES)}")
+    max_bytes = int(_bottleneck_bytes_per_s(spec) * (0.4 if args.quick else 0.8))
+    cases = plan_cases(spec.num_ranks, max_bytes=max_bytes, quick=args.quick)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    roles = {r: sum(c["role"] == r for c in cases) for r in ("calibration", "validation")}
+    slow = spec.slow_rank
+    print(
+        f"igrt validate: {spec.num_ranks} ranks at {format_bandwidth(spec.rate_bytes_per_s)}"
+        + (f", two-level uplink {format_bandwidth(spec.uplink_rate)}" if spec.two_level else "")
+        + (f", rank {slow} at {format_bandwidth(spec.rank_rate(slow))}" if slow is not None else "")
+        + f"; {roles['calibration']} calibration + {roles['validation']} validation cases x {reps} reps"
+        + (f"; then {args.steps} training steps of {', '.join(policies)}" if args.steps else ""),
+        flush=True,
+    )
+    steps = None
+    if args.steps:
+        steps = {"dir": out / "steps", "workload": args.workload, "steps": args.steps, "tiny": args.tiny,
+                 "policies": policies}  # fmt: skip
+        steps["dir"].mkdir(parents=True, exist_ok=True)
+        prepare_steps(steps["dir"], workload=args.workload, steps=args.steps, tiny=args.tiny)
+    data = measure_on_testbed(
+        spec, cases, reps=reps, warmup=args.warmup, timeout_s=args.timeout_s, steps=steps
+    )
+    data["command"] = "igrt validate " + shlex.join(
+        sys.argv[2:] if sys.argv[1:2] == ["validate"] else sys.argv[1:]
+    )
+    path = out / "measurements.json"
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"measured in {data['wall_s']:.0f} s -> {path}", flush=True)
+    cmd = [sys.executable, "-m", "igsim.cli.validate_report", str(path), "--out", str(out)]
+    cmd += ["--steps-dir", str(out / "steps")] if args.steps else []
+    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
+    if proc.returncode != 0:
+        raise ValueError(f"the igsim side failed (exit {proc.returncode}): {shlex.join(cmd)}")
+    print(f"report: {out / 'report.json'}, calibration: {out / 'calibration.json'}")
+    return 0

@@ -1,0 +1,1 @@
+"""Gradient synchronization: sparsifiers, residuals, the step-plan executor, collectives, the Synchronizer."""

@@ -1,0 +1,301 @@
+"""The one executor of step plans: performs :mod:`igpolicy.step_plan` operations on tensors.
+
+The Synchronizer (after backward), the DDP hook (per DDP bucket) and the DeepSpeed optimizer
+(through the Synchronizer) all run a step through :class:`Executor`; none builds its own buckets,
+wire format or issue order. Bytes are counted with :func:`igpolicy.step_plan.op_bytes` (the
+function the simulator uses), every executed op is logged (:class:`OpRecord`), and one builder
+(:meth:`StepRun.metrics`) makes the step's :class:`~igpolicy.vocab.StepMetrics` row.
+
+Per op, selection is :func:`igrt.sync.residuals.send_param` per parameter (``u = g + e``, select by
+magnitude, ``e = u`` with the sent entries zeroed); a sparse payload is the concatenated
+(index + offset in the op, value) pairs of its parameters, a dense one the zero-filled values.
+The averaged result of every sending parameter is an fp32 flat tensor (sum over ranks in rank
+order, divided by the world size), identical on every rank.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from igpolicy.step_plan import CollectiveOp, OpBytes, OpKind, StepPlan, WireTally, op_bytes
+from igpolicy.vocab import StepMetrics
+from igrt.sync import comm
+from igrt.sync.comm import aggregate_pairs
+from igrt.sync.metrics import PhaseTimer
+from igrt.sync.residuals import send_param
+
+__all__ = ["Executor", "OpRecord", "StepRun", "union_length"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpRecord:
+    """One op as this rank executed it: its plan op, the pairs this rank sent, the capacity, bytes."""
+
+    step: int
+    seq: int
+    op: CollectiveOp
+    k: int
+    capacity: int
+    bytes: OpBytes
+
+    def to_row(self, rank: int) -> dict[str, Any]:
+        b = self.bytes
+        return {
+            "step": self.step,
+            "rank": rank,
+            "seq": self.seq,
+            "kind": self.op.kind.value,
+            "buckets": " ".join(map(str, self.op.buckets)),
+            "num_params": len(self.op.param_names),
+            "k": self.k,
+            "capacity": self.capacity,
+            "values_bytes": b.values_bytes,
+            "indices_bytes": b.indices_bytes,
+            "dense_bytes": b.dense_bytes,
+            "metadata_bytes": b.metadata_bytes,
+            "padding_bytes": b.padding_bytes,
+            "wire_size_bytes": b.wire_size_bytes,
+            "issued": int(b.issued),
+        }
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end] intervals (seconds)."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+@dataclass
+class StepRun:
+    """One step's execution on this rank: tallies, op log, results and timings."""
+
+    step: int
+    plan: StepPlan | None = None
+    count_low: bool = True  # False for the flush: a flush is not a release (low_bytes stays 0)
+    tally: WireTally = field(default_factory=WireTally)
+    records: list[OpRecord] = field(default_factory=list)
+    results: dict[str, torch.Tensor] = field(default_factory=dict)
+    sent_k: dict[str, int] = field(default_factory=dict)  # pairs (or dense entries) each param sent
+    low_bytes: int = 0
+    intervals: list[tuple[float, float]] = field(default_factory=list)
+    ddp_buckets: list[tuple[str, ...]] = field(default_factory=list)  # DDP's buckets as seen (hook)
+    timer: PhaseTimer = field(default_factory=PhaseTimer)
+    t0: float = field(default_factory=time.perf_counter)
+
+    def log(self, op: CollectiveOp, *, k: int, capacity: int, b: OpBytes) -> None:
+        self.tally.add(b)
+        self.records.append(OpRecord(step=self.step, seq=len(self.records), op=op, k=k, capacity=capacity, bytes=b))
+
+    def metrics(
+        self,
+        *,
+        rank: int,
+        policy: str,
+        comm_s: float,
+        exposed_comm_s: float,
+        step_s: float,
+        compute_s: float = 0.0,
+        num_sending_components: int = 0,
+        bucket_imbalance: float = 1.0,
+        residual_norm: float = 0.0,
+        extra: Mapping[str, float] | None = None,
+    ) -> StepMetrics:
+        """The step's StepMetrics row (the only place the runtime builds one)."""
+        t = self.tally
+        return StepMetrics(
+            step=self.step,
+            rank=rank,
+            source="real",
+            policy=policy,
+            values_bytes=t.values_bytes,
+            indices_bytes=t.indices_bytes,
+            dense_bytes=t.dense_bytes,
+            metadata_bytes=t.metadata_bytes,
+            num_collectives=t.num_collectives,
+            num_sending_components=num_sending_components,
+            low_bytes=self.low_bytes,
+            compute_s=float(compute_s),
+            comm_s=float(comm_s),
+            exposed_comm_s=float(exposed_comm_s),
+            step_s=float(step_s),
+            bucket_imbalance=float(bucket_imbalance),
+            residual_norm=float(residual_norm),
+            extra={**self.timer.as_extra(), "padding_bytes": float(t.padding_bytes), **(extra or {})},
+        )
+
+
+@dataclass
+class _Payload:
+    op: CollectiveOp
+    k: int  # pairs (sparse) this rank sends
+    indices: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    flat: torch.Tensor | None = None  # dense payload
+
+
+class Executor:
+    """Performs step-plan ops for one :class:`igrt.sync.synchronizer.Synchronizer` (its residuals,
+    sparsifier, process group and wire dtypes)."""
+
+    def __init__(self, sync: Any, *, value_dtype: torch.dtype | None = None) -> None:
+        self.sync = sync
+        self.value_dtype = sync.value_dtype if value_dtype is None else value_dtype
+        self.ib = torch.empty(0, dtype=sync.index_dtype).element_size()
+        self.vb = torch.empty(0, dtype=self.value_dtype).element_size()
+
+    # ------------------------------------------------------------------ selection
+    def select(self, op: CollectiveOp, grads: Callable[[str], torch.Tensor | None], run: StepRun) -> _Payload:
+        """Select and encode ``op``'s payload from ``grads(name)`` (residuals updated)."""
+        s = self.sync
+        dense = op.kind == OpKind.DENSE_ALLREDUCE
+        if not dense and op.numel >= 2**31 and s.index_dtype == torch.int32:
+            raise ValueError(
+                f"bucket {op.bucket} holds {op.numel} elements, too many for int32 indices; "
+                "set index_bytes=8 or a smaller bucket_cap_bytes"
+            )
+        flat = torch.zeros(op.numel, dtype=self.value_dtype, device=s.device) if dense else None
+        idx_parts, val_parts, off = [], [], 0
+        for name, n, k in zip(op.param_names, op.param_numel, op.param_k):
+            p = s.params[name]
+            with run.timer.phase("select"):
+                idx, vals = send_param(
+                    s.residuals, s.sparsifier, name=name, grad=grads(name), like=p, k=k,
+                    step=run.step, value_dtype=self.value_dtype,
+                )  # fmt: skip
+            with run.timer.phase("pack"):
+                sent = n if idx is None else int(idx.numel())
+                run.sent_k[name] = sent
+                if dense:
+                    target = flat[off : off + n]
+                    target.copy_(vals) if idx is None else target.index_copy_(0, idx, vals)
+                    nbytes = n * self.vb
+                else:
+                    if idx is None:
+                        idx = torch.arange(n, device=s.device)
+                    idx_parts.append((idx + off).to(s.index_dtype))
+                    val_parts.append(vals)
+                    nbytes = sent * (self.ib + self.vb)
+                if run.count_low and s.phases[s.component[name]] is not None:
+                    run.low_bytes += nbytes
+            off += n
+        if dense:
+            return _Payload(op=op, k=0, flat=flat)
+        with run.timer.phase("pack"):
+            ic = torch.cat(idx_parts) if idx_parts else torch.empty(0, dtype=s.index_dtype, device=s.device)
+            vc = torch.cat(val_parts) if val_parts else torch.empty(0, dtype=self.value_dtype, device=s.device)
+        return _Payload(op=op, k=int(ic.numel()), indices=ic, values=vc)
+
+    # ------------------------------------------------------------------ launching
+    def _launch(self, pl: _Payload, capacity: int, run: StepRun):
+        """Issue ``pl``'s collective asynchronously; returns (work or None, ``finish(wait=True)``
+        giving the averaged flat fp32 result; ``wait=False`` inside a completion callback)."""
+        s, op = self.sync, pl.op
+        b = op_bytes(op, k=pl.k, capacity=capacity, config=s.config)
+        run.log(op, k=pl.k, capacity=capacity, b=b)
+        if op.kind == OpKind.DENSE_ALLREDUCE:
+            work = comm.dense_all_reduce(pl.flat, s.group, async_op=True)
+
+            def finish_dense(wait: bool = True) -> torch.Tensor:
+                if wait and work is not None:
+                    work.wait()
+                return pl.flat.to(torch.float32).div_(s.world_size)
+
+            return work, finish_dense
+        handle = comm.gather_pairs(pl.indices, pl.values, capacity=capacity, group=s.group, async_op=True)
+
+        def finish_sparse(wait: bool = True) -> torch.Tensor:
+            pairs = handle.wait() if wait or handle.flat is None else handle.decode()
+            return aggregate_pairs(pairs, numel=op.numel, device=s.device)
+
+        return handle.work, finish_sparse
+
+    def _exchange(self, op: CollectiveOp, ks: list[int], run: StepRun) -> list[int]:
+        """Run a count exchange; the largest count of each of its buckets."""
+        s = self.sync
+        rows = comm.exchange_counts(ks, group=s.group, device=s.device)
+        run.log(op, k=0, capacity=0, b=op_bytes(op, k=0, capacity=0, config=s.config))
+        return [max(r[j] for r in rows) for j in range(len(ks))]
+
+    def _scatter(self, op: CollectiveOp, acc: torch.Tensor, run: StepRun) -> None:
+        off = 0
+        for name, n in zip(op.param_names, op.param_numel):
+            run.results[name] = acc[off : off + n]
+            off += n
+
+    # ------------------------------------------------------------------ after backward
+    def run_plan(self, plan: StepPlan, grads: Callable[[str], torch.Tensor | None], run: StepRun) -> None:
+        """Execute every op of an after-backward plan, blocking; results in ``run.results``."""
+        payloads = {op.seq: self.select(op, grads, run) for op in plan.ops if op.kind != OpKind.COUNT_EXCHANGE}
+        by_bucket = {pl.op.bucket: pl for pl in payloads.values()}
+        capacity: dict[int, int] = {}
+        pending = []
+        t0 = time.perf_counter()
+        with run.timer.phase("comm"):
+            for op in plan.ops:
+                if op.kind == OpKind.COUNT_EXCHANGE:
+                    maxima = self._exchange(op, [by_bucket[b].k for b in op.buckets], run)
+                    capacity.update(zip(op.buckets, maxima))
+                    continue
+                pl = payloads[op.seq]
+                cap = 0 if op.kind == OpKind.DENSE_ALLREDUCE else (
+                    op.nominal_nnz if op.padded_to_nominal else capacity[op.bucket]
+                )  # fmt: skip
+                _, finish = self._launch(pl, cap, run)
+                pending.append((op, finish))
+            finished = [(op, finish()) for op, finish in pending]
+        run.intervals.append((t0, time.perf_counter()))
+        with run.timer.phase("scatter"):
+            for op, acc in finished:
+                self._scatter(op, acc, run)
+
+    # ------------------------------------------------------------------ one DDP bucket
+    def launch_bucket(
+        self,
+        ops: tuple[CollectiveOp, ...],
+        grads: Callable[[str], torch.Tensor | None],
+        run: StepRun,
+        *,
+        write_back: Callable[[CollectiveOp, torch.Tensor], torch.Tensor],
+        empty: Callable[[], torch.Tensor],
+    ) -> torch.futures.Future:
+        """Execute one DDP bucket's ops asynchronously; the future gives ``write_back(op, acc)``.
+
+        ``ops`` is empty when the bucket sends nothing: an already-completed future of ``empty()``.
+        """
+        if not ops:
+            return _completed(empty())
+        payload_op = ops[-1]
+        pl = self.select(payload_op, grads, run)
+        t0 = time.perf_counter()
+        if ops[0].kind == OpKind.COUNT_EXCHANGE:
+            (cap,) = self._exchange(ops[0], [pl.k], run)
+        elif payload_op.kind == OpKind.DENSE_ALLREDUCE:
+            cap = 0
+        else:
+            cap = payload_op.nominal_nnz
+        work, finish = self._launch(pl, cap, run)
+
+        def done(_fut=None) -> torch.Tensor:
+            acc = finish(wait=_fut is None)  # inside the completion callback: never wait
+            run.intervals.append((t0, time.perf_counter()))
+            return write_back(payload_op, acc)
+
+        if work is None:
+            return _completed(done())
+        return work.get_future().then(done)
+
+
+def _completed(tensor: torch.Tensor) -> torch.futures.Future:
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(tensor)
+    return fut

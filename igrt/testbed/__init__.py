@@ -1,0 +1,1 @@
+"""The real-network testbed: namespaces and shapers, collective measurements on real processes."""

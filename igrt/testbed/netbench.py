@@ -1,0 +1,165 @@
+"""Measure real collectives on real processes: the runtime half of calibration and validation.
+
+Run once per rank (``python -m igrt.testbed.netbench --cases C.json --out R.json``) with the usual
+``MASTER_ADDR/PORT, RANK, WORLD_SIZE`` environment — inside the testbed's namespaces (see
+:mod:`igrt.validate`) or on loopback. Each case is timed ``reps`` times after ``warmup`` runs; every rep
+starts after a barrier, and its time is the slowest rank's (a collective ends when its last rank ends).
+Rank 0 writes the JSON result.
+
+Case kinds (``op``):
+
+- ``p2p``: ping-pong of ``size_bytes`` between ranks 0 and 1; one-way time = round trip / 2.
+- ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``: gloo's own dense collectives on a
+  float32 buffer of ``size_bytes`` (the full buffer n, as in the cost formulas).
+- ``sparse_all_gather``: our wire path (:func:`igrt.sync.comm.sparse_all_gather`) with ``sizes_bytes[r]``
+  bytes of (int32 index, fp32 value) pairs on rank r: counts first, then one padded gather.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from igrt.sync.comm import sparse_all_gather
+
+__all__ = ["OPS", "run_cases", "time_case", "warm_up"]
+
+OPS = ("p2p", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "sparse_all_gather")
+
+
+def _op_fn(case: Mapping[str, Any]):
+    """A zero-argument callable that performs one instance of ``case`` on this rank."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    op = case["op"]
+    n = int(case.get("size_bytes", 0))
+    numel = max(n // 4, 1)
+    if op == "p2p":
+        buf = torch.zeros(numel)
+
+        def ping() -> None:
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            elif rank == 1:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+
+        return ping
+    if op == "all_reduce":
+        buf = torch.ones(numel)
+        return lambda: dist.all_reduce(buf)
+    if op == "broadcast":
+        buf = torch.ones(numel)
+        return lambda: dist.broadcast(buf, 0)
+    if op == "all_gather":
+        chunk = max(numel // p, 1)
+        src, out = torch.ones(chunk), [torch.empty(chunk) for _ in range(p)]
+        return lambda: dist.all_gather(out, src)
+    if op == "reduce_scatter":
+        chunk = max(numel // p, 1)
+        inp, out = torch.ones(chunk * p), torch.empty(chunk)
+        return lambda: dist.reduce_scatter_tensor(out, inp)
+    if op == "sparse_all_gather":
+        sizes = [int(s) for s in case["sizes_bytes"]]
+        if len(sizes) != p:
+            raise ValueError(f"case {case.get('name')!r}: sizes_bytes has {len(sizes)} entries for {p} ranks")
+        k = sizes[rank] // 8
+        gen = torch.Generator().manual_seed(rank)
+        idx = torch.randperm(max(k * 4, 1), generator=gen)[:k].sort().values.to(torch.int32)
+        val = torch.randn(k, generator=gen)
+        return lambda: sparse_all_gather(idx, val)
+    raise ValueError(f"case {case.get('name')!r}: unknown op {op!r} (known: {', '.join(OPS)})")
+
+
+def time_case(case: Mapping[str, Any], *, reps: int, warmup: int) -> list[float]:
+    """Per-rep times in seconds (slowest rank), identical on every rank."""
+    fn = _op_fn(case)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        t = float(elapsed.item())
+        times.append(t / 2 if case["op"] == "p2p" else t)
+    return times
+
+
+def warm_up(size_bytes: int = 256 * 1024) -> None:
+    """Move some traffic over every connection, both ways, before anything is timed (the first
+    messages on a fresh connection pay for TCP slow start and lazy set-up)."""
+    buf = torch.ones(max(size_bytes // 4, 1))
+    p = dist.get_world_size()
+    chunk = max(buf.numel() // p, 1)
+    outs = [torch.empty(chunk) for _ in range(p)]
+    for _ in range(2):
+        dist.all_reduce(buf)
+        dist.all_gather(outs, buf[:chunk].clone())
+    dist.barrier()
+
+
+def run_cases(cases: Sequence[Mapping[str, Any]], *, reps: int = 5, warmup: int = 1) -> list[dict[str, Any]]:
+    """Time every case; returns one record per case with times, median and spread (seconds).
+
+    Runs :func:`warm_up` first when ``warmup`` > 0."""
+    if warmup > 0:
+        warm_up()
+    out = []
+    for case in cases:
+        times = time_case(case, reps=reps, warmup=warmup)
+        out.append(
+            {
+                **dict(case),
+                "world_size": dist.get_world_size(),
+                "times_s": times,
+                "median_s": statistics.median(times),
+                "min_s": min(times),
+                "max_s": max(times),
+            }
+        )
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m igrt.testbed.netbench", description=__doc__)
+    ap.add_argument("--cases", required=True, help="JSON list of cases")
+    ap.add_argument("--out", required=True, help="result JSON (written by rank 0)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--timeout-s", type=float, default=300.0)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    with open(args.cases) as f:
+        cases = json.load(f)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))
+    try:
+        results = run_cases(cases, reps=args.reps, warmup=args.warmup)
+        if dist.get_rank() == 0:
+            tmp = args.out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(
+                    {"world_size": dist.get_world_size(), "host": os.uname().nodename, "results": results},
+                    f,
+                    indent=1,
+                )
+            os.replace(tmp, args.out)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Training on real ranks: launching, the loop, its checkpoints and the watchdog."""

@@ -1,0 +1,554 @@
+"""The training loop: a reference workload on real ranks, its gradients synchronized by a policy.
+
+:func:`train` spawns the ranks (:func:`igrt.train.launch.launch`, torchrun-aware) and runs
+:func:`train_on_rank` on each; the bench calls :func:`train_on_rank` itself inside its own ranks.
+
+Per optimizer step ``t`` on every rank: ``grad_accum`` micro-batches of forward + backward (local
+gradients accumulate in ``p.grad``), then the synchronization at the accumulation boundary, then
+``optimizer.step()`` and ``zero_grad(set_to_none=True)``. Two integrations:
+
+- ``sync``: a plain module; :meth:`igrt.sync.synchronizer.Synchronizer.step` after the last backward
+  (blocking: all of its communication is exposed). The dense policy here is plain DDP's average.
+- ``ddp-hook``: ``DistributedDataParallel`` with :func:`igrt.integrations.ddp_hook.importance_hook` (overlaps
+  communication with backward); micro-batches before the boundary run under ``no_sync()``.
+
+After the last step the residuals are flushed (one more optimizer step on the flushed average;
+its bytes are reported apart from the steps'). With an output directory, rank 0 writes
+``metrics.csv`` (every rank's :class:`~igpolicy.vocab.StepMetrics`, ``source="real"``),
+``summary.json``, ``eval.json`` and ``model.pt`` (the final, flushed weights); every rank writes its
+part of ``checkpoint/`` (see :func:`igrt.train.checkpoint.save_checkpoint`). Resuming from a checkpoint at the same world
+size reproduces the uninterrupted run bit for bit on CPU: the checkpoint holds the model, the
+optimizer, every rank's sync state and RNG state, and the data streams are replayed to the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from igpolicy.config import PolicyConfig
+from igpolicy.plan import SyncPlan, compare_plans
+from igpolicy.vocab import ParamInfo, StepMetrics
+from igrt.sync.metrics import MetricsLog
+from igrt.train.checkpoint import barrier as _barrier
+from igrt.train.checkpoint import load_checkpoint, save_checkpoint
+from traces.schema import RUN_SUMMARY_FORMAT
+
+__all__ = [
+    "INTEGRATIONS",
+    "RankOutcome",
+    "TrainOptions",
+    "check_plan",
+    "load_checkpoint",
+    "preflight",
+    "rank_seed",
+    "save_checkpoint",
+    "step_statistics",
+    "train",
+    "train_on_rank",
+]
+
+INTEGRATIONS = ("sync", "ddp-hook")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainOptions:
+    """One training run. ``steps`` is the total step count (a resumed run continues to it);
+    ``eval_every`` / ``checkpoint_every`` = 0 mean at the end only; ``out`` None writes nothing."""
+
+    workload: str
+    config: PolicyConfig
+    steps: int
+    plan: SyncPlan | None = None
+    plan_path: str | None = None
+    batch_size: int = 16
+    grad_accum: int = 1
+    integration: str = "sync"
+    tiny: bool = False
+    seed: int = 0
+    evaluate: bool = True
+    eval_every: int = 0
+    checkpoint_every: int = 0
+    resume: str | None = None
+    out: str | None = None
+    progress: bool = True
+    command: str = ""
+    record_trace: bool = False
+    ddp_bucket_cap_mb: float | None = None  # ddp-hook: DDP's bucket_cap_mb (None: DDP's default)
+    flush: bool = True  # False: no end-of-training flush (speed-only runs whose model is thrown away)
+    drop_held_residuals: bool = False  # ablation only: zero the residuals of parameters that held
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "grad_accum"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("eval_every", "checkpoint_every"):
+            if int(getattr(self, name)) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.integration not in INTEGRATIONS:
+            raise ValueError(f"--integration {self.integration!r} is not one of {', '.join(INTEGRATIONS)}")
+        if self.config.policy == "importance" and self.plan is None:
+            raise ValueError("policy 'importance' needs --plan PLAN.json (igsim profile TRACE -o PLAN.json)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankOutcome:
+    """What one rank ends with; ``rows`` / ``flush_rows`` hold every rank's rows on rank 0 only."""
+
+    rank: int
+    start_step: int
+    rows: tuple[StepMetrics, ...]
+    flush_rows: tuple[StepMetrics, ...]
+    evals: tuple[dict[str, Any], ...]
+    train_s: float
+    op_rows: tuple[dict[str, Any], ...] = ()  # every rank's executed ops (record_trace), rank 0 only
+    ddp: dict[str, Any] | None = None  # DDP's bucket caps (ddp-hook)
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The torch RNG seed of ``rank`` (dropout masks differ per rank, as under DDP)."""
+    return int(seed) * 1009 + int(rank)
+
+
+def check_plan(plan: SyncPlan, infos: list[ParamInfo], *, where: str = "SyncPlan") -> None:
+    """ValueError naming every component the plan lacks and every one the model lacks."""
+    missing, extra = compare_plans(plan, [i.component for i in infos])
+    if missing or extra:
+        raise ValueError(
+            f"{where} (fingerprint {plan.fingerprint}) does not match the model: "
+            f"components missing from the plan: {missing or 'none'}; "
+            f"components in the plan but not in the model: {extra or 'none'}"
+        )
+
+
+# --------------------------------------------------------------------------- the loop
+def _device_sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _RankRun:
+    """One rank's model, optimizer and synchronization for one :class:`TrainOptions`."""
+
+    def __init__(self, ctx, options: TrainOptions, workload) -> None:
+        from igrt.sync.synchronizer import Synchronizer, build_param_infos, named_parameters
+
+        self.ctx, self.o, self.w = ctx, options, workload
+        self.model = workload.model.to(ctx.device)
+        infos = build_param_infos(named_parameters(self.model))
+        if options.plan is not None:
+            check_plan(options.plan, infos, where=options.plan_path or "SyncPlan")
+        torch.manual_seed(rank_seed(options.seed, ctx.rank))
+        self.optimizer = workload.optimizer(self.model)
+        self.hook = None
+        self.forward_model = self.model
+        if options.integration == "sync":
+            self.sync = Synchronizer(self.model, config=options.config, plan=options.plan, param_infos=infos)
+        else:
+            from torch.nn.parallel import DistributedDataParallel
+
+            from igrt.integrations.ddp_hook import ImportanceHookState, importance_hook
+
+            ids = [ctx.device] if ctx.device.type == "cuda" else None
+            caps = {} if options.ddp_bucket_cap_mb is None else {"bucket_cap_mb": options.ddp_bucket_cap_mb}
+            self.forward_model = DistributedDataParallel(self.model, device_ids=ids, **caps)
+            self.hook = ImportanceHookState(
+                self.forward_model, config=options.config, plan=options.plan, param_infos=infos
+            )
+            self.forward_model.register_comm_hook(self.hook, importance_hook)
+            self.sync = self.hook.sync
+        self.sync.attach_optimizer(self.optimizer)  # catch-up hooks (config.catch_up); else nothing
+        self.trace = None
+        if options.record_trace and options.out:
+            from igrt.trace.run_trace import RunTraceRecorder
+
+            self.sync.keep_op_log = True
+            self.trace = RunTraceRecorder(
+                Path(options.out) / "trace",
+                rank=ctx.rank,
+                world_size=ctx.world_size,
+                params=self.sync.params,
+                infos=infos,
+                config=options.config,
+                workload=options.workload,
+                grad_accum=options.grad_accum,
+                command=options.command,
+            )
+        self.meta = {
+            "workload": options.workload,
+            "tiny": bool(options.tiny),
+            "seed": int(options.seed),
+            "batch_size": int(options.batch_size),
+            "grad_accum": int(options.grad_accum),
+            "integration": options.integration,
+            "config": options.config.to_dict(),
+            "plan_fingerprint": options.plan.fingerprint if options.plan is not None else None,
+        }
+
+    def resume(self) -> int:
+        o = self.o
+        start = load_checkpoint(
+            o.resume,
+            model=self.model,
+            optimizer=self.optimizer,
+            sync=self.sync,
+            rank=self.ctx.rank,
+            world_size=self.ctx.world_size,
+            meta=self.meta,
+        )
+        if start >= o.steps:
+            raise ValueError(
+                f"--resume {o.resume}: the checkpoint is at step {start}; --steps {o.steps} is done"
+            )
+        return start
+
+    def save(self, directory: Path, done: int) -> None:
+        save_checkpoint(
+            directory,
+            step=done,
+            model=self.model,
+            optimizer=self.optimizer,
+            sync=self.sync,
+            rank=self.ctx.rank,
+            world_size=self.ctx.world_size,
+            meta=self.meta,
+        )
+
+    def evaluate(self, step: int, **extra: Any) -> list[dict[str, Any]]:
+        """Rank 0 evaluates (the others wait at a barrier, outside every step's timing)."""
+        out = [{"step": step, **extra, **self.w.evaluate(self.model)}] if self.ctx.rank == 0 else []
+        _barrier(self.ctx.world_size)
+        return out
+
+    def step(self, batches, *, watchdog=None) -> StepMetrics:
+        """One optimizer step; its row with compute / step / exposed times filled (see docs/runtime.md).
+
+        ``watchdog`` (an :class:`igrt.train.watchdog.RankWatchdog`) guards the whole step: a collective that
+        fails because a peer died or stalled raises :class:`~igrt.train.watchdog.PeerFailure` naming it.
+        """
+        t = self.sync.step_index  # the hook's Synchronizer too
+        with watchdog.watch(t) if watchdog is not None else contextlib.nullcontext():
+            return self._step(batches)
+
+    def _step(self, batches) -> StepMetrics:
+        o, device = self.o, self.ctx.device
+        _device_sync(device)
+        t0 = time.perf_counter()
+        loss_sum = forward_s = 0.0
+        for m in range(o.grad_accum):
+            last = m == o.grad_accum - 1
+            quiet = self.hook is not None and not last
+            with self.forward_model.no_sync() if quiet else contextlib.nullcontext():
+                tf = time.perf_counter()
+                loss = self.w.loss(self.forward_model, next(batches))
+                forward_s += time.perf_counter() - tf
+                if last and self.trace is not None:
+                    self.trace.arm()
+                (loss / o.grad_accum).backward()
+            loss_sum += float(loss.detach()) / o.grad_accum
+        _device_sync(device)
+        t1 = time.perf_counter()
+        if self.hook is None:
+            row = self.sync.step(compute_s=t1 - t0)
+            exposed_s = row.exposed_comm_s  # blocking: every collective's time is exposed
+        else:
+            exposed_s = _hook_exposed_s(self.hook, t1)
+            (row,) = self.hook.finish_step()
+        if o.drop_held_residuals:
+            held = [n for n in self.sync.params if n not in self.sync.last_run.results]
+            self.sync.drop_residuals(held)
+        t2 = time.perf_counter()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        _device_sync(device)
+        t3 = time.perf_counter()
+        # sync: compute = forward + backward + optimizer. ddp-hook: the hook works inside backward,
+        # so everything but the exposed tail counts as compute.
+        compute_s = (t1 - t0) + (t3 - t2) if self.hook is None else (t3 - t0) - exposed_s
+        if self.trace is not None:
+            self.trace.end_step(
+                step=row.step, forward_s=forward_s, backward_s=(t1 - t0) - forward_s, optimizer_s=t3 - t2,
+                loss=loss_sum, sent_k=self.sync.last_run.sent_k if self.sync.last_run is not None else {},
+            )  # fmt: skip
+        extra = {**row.extra, "forward_backward_s": t1 - t0, "optimizer_s": t3 - t2, "loss": loss_sum}
+        return dataclasses.replace(
+            row, compute_s=compute_s, step_s=t3 - t0, exposed_comm_s=exposed_s, extra=extra
+        )
+
+    def ddp_info(self) -> dict[str, Any] | None:
+        """DDP's bucket caps and the buckets the hook saw (ddp-hook only)."""
+        if self.hook is None:
+            return None
+        ddp = self.forward_model
+        default = bool(getattr(ddp, "bucket_bytes_cap_default", False))
+        return {
+            "bucket_cap_bytes": int(ddp.bucket_bytes_cap),
+            "first_bucket_cap_bytes": 2**20 if default else None,
+            "find_unused_parameters": bool(ddp.find_unused_parameters),
+        }
+
+    def flush(self) -> StepMetrics:
+        """Send every residual and apply it with one more optimizer step (``flush=False``: neither;
+        an empty row marked ``flush_skipped``)."""
+        if self.trace is not None:
+            self.trace.close()
+            self.trace = None
+        if not self.o.flush:
+            row = StepMetrics(step=self.sync.step_index, rank=self.ctx.rank, source="real", policy=self.o.config.policy)
+            return dataclasses.replace(row, extra={"flush_skipped": 1.0})
+        row = self.sync.flush()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return row
+
+
+@contextlib.contextmanager
+def _watchdog(ctx):
+    """A RankWatchdog over the training steps of a multi-rank run (None on one rank)."""
+    if ctx.world_size == 1 or not dist.is_initialized():
+        yield None
+        return
+    from igrt.train.watchdog import RankWatchdog, run_number
+
+    # several runs may share one group (experiments/): each gets its own keys in the store
+    with RankWatchdog(interval_s=1.0, prefix=f"igrt/train/{run_number('igrt/train', ctx.world_size)}") as wd:
+        yield wd
+
+
+def _hook_exposed_s(state, backward_end: float) -> float:
+    """ddp-hook: seconds from the last collective's launch to the end of backward (DDP waits for
+    every bucket there)."""
+    last = state.last_launch_s()
+    return max(0.0, backward_end - last) if last is not None else 0.0
+
+
+def train_on_rank(ctx, options: TrainOptions, *, workload=None) -> RankOutcome:
+    """Run ``options`` on this rank (inside a process group set up by :func:`igrt.train.launch.launch`).
+
+    ``workload`` reuses an already built one (its model is trained in place). Rows of every rank
+    are gathered to rank 0 at the end; rank 0 writes the outputs when ``options.out`` is set.
+    Raises ValueError (on every rank alike) for a plan that does not match the model or a bad
+    checkpoint.
+    """
+    from tqdm import tqdm
+
+    from igrt.workloads import make_workload
+
+    o = options
+    w = workload if workload is not None else make_workload(o.workload, tiny=o.tiny, seed=o.seed)
+    run = _RankRun(ctx, o, w)
+    start = run.resume() if o.resume else 0
+    batches = w.train_batches(ctx.rank, ctx.world_size, o.batch_size)
+    for _ in range(start * o.grad_accum):  # replay the data streams up to the checkpoint
+        next(batches)
+    evals = run.evaluate(0) if o.evaluate and start == 0 else []
+    ckpt_dir = Path(o.out) / "checkpoint" if o.out else None
+    desc = f"train {o.workload} {o.config.policy}"
+    bar = tqdm(total=o.steps, initial=start, desc=desc, disable=ctx.rank != 0 or not o.progress)
+    log, train_s = MetricsLog(), 0.0
+    with _watchdog(ctx) as watchdog:
+        for done in range(start + 1, o.steps + 1):
+            row = run.step(batches, watchdog=watchdog)
+            log.append(row)
+            train_s += row.step_s
+            bar.update(1)
+            bar.set_postfix(loss=f"{row.extra['loss']:.3f}", kB=f"{row.wire_bytes / 1e3:.0f}")
+            if o.evaluate and o.eval_every and done % o.eval_every == 0 and done < o.steps:
+                evals += run.evaluate(done)
+            if ckpt_dir is not None and (
+                done == o.steps or (o.checkpoint_every and done % o.checkpoint_every == 0)
+            ):
+                run.save(ckpt_dir, done)  # the last one before the flush: a resumed run continues it
+    bar.close()
+    flush_row = run.flush()
+    if o.evaluate:
+        evals += run.evaluate(o.steps, after_flush=True)
+    op_rows = [r.to_row(ctx.rank) for r in run.sync.op_log]
+    rows, flush_rows, op_rows = _gather(ctx, list(log), [flush_row], op_rows)
+    outcome = RankOutcome(
+        rank=ctx.rank,
+        start_step=start,
+        rows=tuple(rows),
+        flush_rows=tuple(flush_rows),
+        evals=tuple(evals),
+        train_s=train_s,
+        op_rows=tuple(op_rows),
+        ddp=run.ddp_info(),
+    )
+    if o.out and ctx.rank == 0:
+        _write_outputs(Path(o.out), options=o, outcome=outcome, model=run.model, ctx=ctx)
+    _barrier(ctx.world_size)
+    return outcome
+
+
+def _gather(ctx, rows: list[StepMetrics], flush_rows: list[StepMetrics], op_rows: list[dict[str, Any]]):
+    """Every rank's rows on rank 0, sorted by (step, rank); empty lists elsewhere."""
+    if ctx.world_size == 1:
+        return rows, flush_rows, op_rows
+    got: list[Any] = [None] * ctx.world_size if ctx.rank == 0 else None  # type: ignore[assignment]
+    dist.gather_object((rows, flush_rows, op_rows), got, dst=0)
+    if ctx.rank != 0:
+        return [], [], []
+    all_rows = sorted((r for rs, _, _ in got for r in rs), key=lambda r: (r.step, r.rank))
+    all_flush = sorted((r for _, fs, _ in got for r in fs), key=lambda r: r.rank)
+    all_ops = sorted((r for _, _, os_ in got for r in os_), key=lambda r: (r["step"], r["rank"], r["seq"]))
+    return all_rows, all_flush, all_ops
+
+
+# --------------------------------------------------------------------------- summaries
+def step_statistics(
+    rows: list[StepMetrics] | tuple[StepMetrics, ...], *, warmup_steps: int = 1
+) -> dict[str, Any]:
+    """Per-step aggregates of StepMetrics rows (every rank's).
+
+    Bytes are per rank per step (mean over ranks), by kind; ``peak_to_median`` is the largest
+    step's wire bytes over the median step's. Times: a step takes as long as its slowest rank
+    (``step_s``); phase times are means over ranks; the first ``warmup_steps`` steps are left out
+    of the times (not of the bytes) when there are more steps than that.
+    """
+    steps = sorted({r.step for r in rows})
+    if not steps:
+        return {"num_steps": 0}
+    by_step = {s: [r for r in rows if r.step == s] for s in steps}
+    kinds = ("values_bytes", "indices_bytes", "dense_bytes", "metadata_bytes", "wire_bytes", "low_bytes")
+    per_step = {k: np.array([np.mean([getattr(r, k) for r in by_step[s]]) for s in steps]) for k in kinds}
+    wire = per_step["wire_bytes"]
+    timed = steps[warmup_steps:] if len(steps) > warmup_steps else steps
+
+    def mean_time(get) -> float | None:
+        """Mean over timed steps of the mean over ranks; None when no row has the value."""
+        means = [np.mean(v) for s in timed if (v := [x for r in by_step[s] if (x := get(r)) is not None])]
+        return float(np.mean(means)) if means else None
+
+    step_s = float(np.mean([max(r.step_s for r in by_step[s]) for s in timed]))
+    median = float(np.median(wire))
+    return {
+        "num_steps": len(steps),
+        "bytes_per_step": {k: float(v.mean()) for k, v in per_step.items()},
+        "peak_step_bytes": float(wire.max()),
+        "median_step_bytes": median,
+        "peak_to_median": float(wire.max() / median) if median > 0 else None,  # None: median step sends 0
+        "num_collectives_per_step": float(np.mean([r.num_collectives for r in rows])),
+        "bucket_imbalance_mean": float(np.mean([r.bucket_imbalance for r in rows])),
+        "bucket_imbalance_max": float(max(r.bucket_imbalance for r in rows)),
+        "timed_steps": len(timed),
+        "step_s_mean": step_s,
+        "steps_per_s": 1.0 / step_s if step_s > 0 else None,
+        "compute_s_mean": mean_time(lambda r: r.compute_s),
+        "comm_s_mean": mean_time(lambda r: r.comm_s),
+        "exposed_comm_s_mean": mean_time(lambda r: r.exposed_comm_s),
+        # a step that selected nothing has no select phase: 0 s where the row has a sync time
+        "sparsifier_s_mean": mean_time(
+            lambda r: r.extra.get("select_s", 0.0 if "sync_s" in r.extra else None)
+        ),
+        "sync_s_mean": mean_time(lambda r: r.extra.get("sync_s")),  # None under ddp-hook
+    }
+
+
+def _write_outputs(out: Path, *, options: TrainOptions, outcome: RankOutcome, model, ctx) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    log = MetricsLog()
+    for r in outcome.rows:
+        log.append(r)
+    log.write_csv(out / "metrics.csv")
+    torch.save(model.state_dict(), out / "model.pt")
+    (out / "eval.json").write_text(json.dumps(list(outcome.evals), indent=2) + "\n")
+    last = [r for r in outcome.rows if r.step == options.steps - 1]
+    flush = {
+        k: sum(getattr(r, k) for r in outcome.flush_rows) / max(len(outcome.flush_rows), 1)
+        for k in ("values_bytes", "indices_bytes", "dense_bytes", "metadata_bytes", "wire_bytes")
+    }
+    flush["time_s"] = max((r.extra.get("sync_s", 0.0) for r in outcome.flush_rows), default=0.0)
+    plan = options.plan
+    summary = {
+        "command": options.command,
+        "workload": options.workload,
+        "tiny": options.tiny,
+        "seed": options.seed,
+        "world_size": ctx.world_size,
+        "backend": ctx.backend,
+        "integration": options.integration,
+        "steps": options.steps,
+        "start_step": outcome.start_step,
+        "batch_size": options.batch_size,
+        "grad_accum": options.grad_accum,
+        "config": options.config.to_dict(),
+        "plan": None
+        if plan is None
+        else {
+            "path": options.plan_path,
+            "fingerprint": plan.fingerprint,
+            "release_period": plan.release_period,
+            "num_components": len(plan.components),
+            "num_low": len(plan.low),
+        },
+        "stats": step_statistics(outcome.rows),
+        "flush_bytes_per_rank": flush,
+        "train_s": outcome.train_s,
+        "final_loss": float(np.mean([r.extra["loss"] for r in last])) if last else None,
+        "eval": {"history": list(outcome.evals), "final": outcome.evals[-1] if outcome.evals else None},
+        "files": ["metrics.csv", "summary.json", "eval.json", "model.pt", "checkpoint/"],
+        "summary_format": RUN_SUMMARY_FORMAT,
+        "ddp": outcome.ddp,
+        "record_trace": bool(options.record_trace),
+    }
+    if plan is not None:
+        plan.save(out / "plan.json")
+        summary["files"].append("plan.json")
+    if options.record_trace:
+        _write_ops(out / "ops.csv", outcome.op_rows)
+        summary["files"] += ["trace/", "ops.csv"]
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
+    tmp.replace(out / "summary.json")
+
+
+def _write_ops(path: Path, rows: tuple[dict[str, Any], ...]) -> None:
+    import csv
+
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["step", "rank", "seq"])
+        w.writeheader()
+        w.writerows(rows)
+
+
+def preflight(options: TrainOptions) -> None:
+    """Refuse to start, before any rank is spawned, when the plan does not match the model (the
+    model is built here once to read its parameter names; ranks check again)."""
+    if options.plan is None:
+        return
+    from igrt.sync.synchronizer import build_param_infos, named_parameters
+    from igrt.workloads import make_workload
+
+    w = make_workload(options.workload, tiny=options.tiny, seed=options.seed)
+    check_plan(
+        options.plan, build_param_infos(named_parameters(w.model)), where=options.plan_path or "SyncPlan"
+    )
+
+
+def _train_rank(ctx, options: TrainOptions) -> dict[str, Any]:
+    outcome = train_on_rank(ctx, options)
+    return {"rank": ctx.rank, "train_s": outcome.train_s}
+
+
+def train(
+    options: TrainOptions, *, nproc: int, backend: str = "auto", timeout_s: float = 600.0
+) -> dict[str, Any]:
+    """Run ``options`` on ``nproc`` spawned ranks (or this torchrun rank); returns rank 0's summary
+    (read back from ``summary.json``; an empty dict on other torchrun ranks or without ``out``)."""
+    from igrt.train.launch import launch
+
+    preflight(options)
+    results = launch(_train_rank, nproc=nproc, backend=backend, args=(options,), timeout_s=timeout_s)
+    if 0 not in results or not options.out:
+        return {}
+    return json.loads((Path(options.out) / "summary.json").read_text())

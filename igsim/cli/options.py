@@ -1,0 +1,163 @@
+"""Command-line options shared by several ``igsim`` commands (policy flags, workloads, topologies,
+calibrations, plans, windows, plan tables): the commands import this module, never each other."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from igpolicy.config import PACKINGS, POLICIES, SPARSIFIERS, PolicyConfig
+from igpolicy.plan import SyncPlan, compare_plans
+from igpolicy.units import format_bytes, parse_bandwidth, parse_size, parse_time
+from igsim.step.workload import Workload
+
+__all__ = [
+    "add_policy_arguments",
+    "format_plan_table",
+    "load_calibration",
+    "make_config",
+    "make_topology",
+    "make_workload",
+    "parse_window",
+    "plan_for",
+]
+
+
+def parse_window(text: str | None) -> tuple[int, int] | None:
+    """``"a:b"`` -> (a, b) with 0 <= a < b; None stays None. Raises ValueError naming the text."""
+    if text is None:
+        return None
+    parts = text.split(":")
+    try:
+        a, b = (int(x) for x in parts)
+    except ValueError:
+        raise ValueError(f"--window {text!r}: expected A:B with integer steps, e.g. 10:200") from None
+    if not (0 <= a < b):
+        raise ValueError(f"--window {text!r}: need 0 <= A < B")
+    return a, b
+
+
+def format_plan_table(plan: SyncPlan, scores: Any) -> str:
+    """Components, highest score first: class, phase, score, its parts and bytes per release."""
+    rows = {r["key"]: r for r in scores.table()}
+    by_key = plan.by_key
+    lines = [
+        f"{'component':32s} {'class':9s} {'phase':>5s} {'score':>6s} {'magn':>6s} {'consist':>7s} {'bytes/release':>13s}"
+    ]
+    for key, r in rows.items():
+        c = by_key[key]
+        phase = "-" if c.phase is None else str(c.phase)
+        lines.append(
+            f"{key:32s} {c.cls.value:9s} {phase:>5s} {r['score']:6.3f} {r['magnitude']:6.3f} "
+            f"{r['consistency']:7.3f} {format_bytes(c.expected_bytes):>13s}"
+        )
+    return "\n".join(lines)
+
+
+def add_policy_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", default="importance", choices=POLICIES)
+    p.add_argument(
+        "--sparsifier",
+        default=None,
+        choices=SPARSIFIERS,
+        help="default: adtopk for --policy adtopk, else topk",
+    )
+    p.add_argument(
+        "--density",
+        type=float,
+        default=None,
+        help="sparsifier density in (0, 1] (default: the trace's, else 0.01)",
+    )
+    p.add_argument("--release-period", type=int, default=4)
+    p.add_argument(
+        "--no-stagger", action="store_true", help="release every low component on one step (burst)"
+    )
+    p.add_argument("--packing", default="kk", choices=PACKINGS)
+    p.add_argument("--num-buckets", type=int, default=None, help="bucket count (default: from --bucket-cap)")
+    p.add_argument("--bucket-cap", default="25MiB", help="bucket size cap when --num-buckets is not given")
+    p.add_argument("--collective", default="auto", choices=("auto", "sparse", "dense"))
+    p.add_argument("--value-bytes", type=int, default=4, choices=(2, 4))
+
+
+def make_config(
+    args: argparse.Namespace, *, policy: str | None = None, workload: Workload | None = None
+) -> PolicyConfig:
+    """A PolicyConfig from the policy flags (``policy`` overrides ``--policy``); without
+    ``--density``, the density the workload's trace was recorded at (else 0.01)."""
+    policy = policy or args.policy
+    density = args.density
+    if density is None:
+        density = workload.k_density if workload is not None and workload.k_density is not None else 0.01
+    return PolicyConfig(
+        policy=policy,
+        sparsifier=getattr(args, "sparsifier", None) or ("adtopk" if policy == "adtopk" else "topk"),
+        density=density,
+        release_period=args.release_period,
+        staggered=not args.no_stagger,
+        packing=args.packing,
+        num_buckets=args.num_buckets,
+        bucket_cap_bytes=max(1, parse_size(args.bucket_cap)),
+        collective=args.collective,
+        value_bytes=args.value_bytes,
+        seed=getattr(args, "seed", 0),
+    )
+
+
+def make_topology(args: argparse.Namespace) -> Any:
+    """``--topology FILE`` or a star of ``--ranks`` at ``--bandwidth`` / ``--latency``."""
+    from igsim.net import topology as topo
+
+    if args.topology:
+        return topo.load_topology(args.topology)
+    if args.ranks < 1:
+        raise ValueError(f"--ranks {args.ranks}: must be >= 1")
+    return topo.star(
+        num_ranks=args.ranks,
+        bandwidth_bytes_per_s=parse_bandwidth(args.bandwidth),
+        latency_s=parse_time(args.latency),
+    )
+
+
+def load_calibration(path: str | None) -> Any:
+    if not path:
+        return None
+    from igsim.net.calibration import Calibration
+
+    return Calibration.load(path)
+
+
+def make_workload(args: argparse.Namespace) -> Workload:
+    """The workload of ``--trace`` (with ``--window``) or ``--model`` (roofline)."""
+    if args.trace:
+
+        return Workload.from_trace(args.trace, window=parse_window(args.window))
+    from igsim.step.architectures import architecture_workload
+
+    return architecture_workload(
+        args.model,
+        accelerator=args.accelerator,
+        utilisation=args.utilisation,
+        tokens_per_step=args.tokens_per_step,
+    )
+
+
+def plan_for(workload: Workload, plan: SyncPlan | None, *, policy: str) -> tuple[SyncPlan | None, str | None]:
+    """The plan to use for ``workload``; carried over when it was profiled on another model.
+
+    Returns (plan, note) where note says what was done (None when nothing was).
+    """
+    if plan is None or policy != "importance":
+        return plan, None
+    missing, extra = compare_plans(plan, [p.component for p in workload.params])
+    if not missing and not extra:
+        return plan, None
+    from igsim.step.architectures import transfer_plan
+
+    moved = transfer_plan(plan, None, workload.params)
+    note = (
+        f"note: plan {plan.fingerprint} was profiled on another model ({len(missing)} components missing, "
+        f"{len(extra)} extra); carried over by component kind and relative depth -> {moved.fingerprint}"
+    )
+    if moved.source.get("unmatched"):
+        note += f"; pinned without a counterpart: {', '.join(moved.source['unmatched'][:8])}"
+    return moved, note

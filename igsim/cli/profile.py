@@ -1,0 +1,77 @@
+"""``igsim profile TRACE -o plan.json``: score a recorded trace's components and write a SyncPlan.
+
+Pipeline: read the trace (optionally a step window) -> per-parameter series, means over ranks
+(sel_norm, overlap, k, grad_norm) -> per-component statistics -> importance scores -> adaptive
+threshold -> plan. A component's expected bytes per release are its nominal k pairs (at the trace's
+density) times 8 bytes (int32 index + fp32 value).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from igpolicy.vocab import ComponentClass
+from igsim.cli.options import format_plan_table, parse_window
+from traces.profiling import profile_trace
+
+__all__ = ["add_arguments", "run"]
+
+METHODS = ("knee", "otsu", "gmm", "kmeans2", "percentile", "fixed_ratio")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", help="trace directory (manifest.json + Parquet parts)")
+    p.add_argument("-o", "--output", required=True, help="where to write the SyncPlan JSON")
+    p.add_argument("--method", default="knee", choices=METHODS, help="threshold method (default knee)")
+    p.add_argument(
+        "--method-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="threshold parameter, e.g. q=75 for percentile or ratio=0.3 for fixed_ratio (repeatable)",
+    )
+    p.add_argument("--release-period", type=int, default=4, help="R: low components release every R steps")
+    p.add_argument("--window", default=None, metavar="A:B", help="profile recorded steps A <= step < B only")
+    p.add_argument("--quiet", action="store_true", help="print only the summary line")
+
+
+def _method_params(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--method-param {item!r}: expected KEY=VALUE")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            try:
+                out[key] = float(value)
+            except ValueError:
+                out[key] = value
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    window = parse_window(args.window)
+    plan, scores, result = profile_trace(
+        args.trace,
+        method=args.method,
+        method_params=_method_params(args.method_param),
+        release_period=args.release_period,
+        window=window,
+    )
+    if not args.quiet:
+        print(format_plan_table(plan, scores))
+    n_imp = sum(1 for c in plan.components if c.cls == ComponentClass.IMPORTANT)
+    n_pin = sum(1 for c in plan.components if c.cls == ComponentClass.PINNED)
+    low_bytes = sum(c.expected_bytes for c in plan.components if c.cls == ComponentClass.LOW)
+    all_bytes = sum(c.expected_bytes for c in plan.components)
+    print(
+        f"threshold {result.method} = {result.threshold:.4f}: {n_imp} important, {n_pin} pinned, "
+        f"{len(plan.low)} low of {len(plan.components)} components; low share of bytes "
+        f"{low_bytes / max(all_bytes, 1):.1%}; release period {plan.release_period}"
+    )
+    path = plan.save(args.output)
+    print(f"wrote {path} (fingerprint {plan.fingerprint})")
+    return 0

@@ -1,0 +1,49 @@
+"""``igsim replay RUN_DIR``: replay an ``igrt train --record-trace`` run and compare step by step.
+
+    igrt train --workload gpt --tiny --policy topk --steps 20 --record-trace --out runs/topk
+    igsim replay runs/topk --out runs/topk/replay          # replay.csv, replay.json
+    igsim replay runs/topk --topology testbed.yaml --calibration calib.json
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from igpolicy.units import parse_bandwidth, parse_time
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path, help="an igrt train output folder recorded with --record-trace")
+    p.add_argument("--topology", default=None, help="topology file (YAML/JSON) with the run's world size")
+    p.add_argument("--calibration", default=None, help="calibration JSON (igsim validate-report / igrt validate)")
+    p.add_argument("--bandwidth", default=None, help="without --topology: star link rate (default 10Gbps)")
+    p.add_argument("--latency", default=None, help="without --topology: rank-to-rank latency (default 50us)")
+    p.add_argument("--mode", default="auto", choices=("auto", "flow", "analytic"), help="collective costing")
+    p.add_argument("--out", type=Path, default=None, help="where replay.csv / replay.json go (default RUN_DIR/replay)")
+    p.add_argument("--rows", type=int, default=12, help="steps to print (default 12; all are in replay.csv)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from igsim.cli.options import load_calibration
+    from igsim.net.topology import load_topology, star
+    from igsim.studies.replay import format_replay, load_run, replay_run
+
+    inputs = load_run(args.run_dir)  # checks the folder before anything else
+    topology = None  # replay_run's nominal star
+    if args.topology:
+        topology = load_topology(args.topology)
+    elif args.bandwidth or args.latency:
+        topology = star(
+            num_ranks=inputs.world_size,
+            bandwidth_bytes_per_s=parse_bandwidth(args.bandwidth or "10Gbps"),
+            latency_s=parse_time(args.latency or "50us") / 2,
+        )
+    rep = replay_run(args.run_dir, topology=topology, calibration=load_calibration(args.calibration), mode=args.mode)
+    out = args.out if args.out is not None else Path(args.run_dir) / "replay"
+    paths = rep.write(out)
+    print(format_replay(rep, max_rows=args.rows))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0 if rep.summary["bytes_exact"] and rep.summary["ops_exact"] else 1

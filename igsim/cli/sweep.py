@@ -1,0 +1,105 @@
+"""``igsim sweep``: bandwidths x world sizes x policies on star topologies, in parallel.
+
+    igsim sweep --trace DIR | --model NAME [--plan plan.json]
+                --policies dense,topk,importance --bandwidths 1Gbps,10Gbps,100Gbps --ranks 8,64,512
+                [--steps 20] [--workers 2] [--png sweep.png] [--csv sweep.csv]
+
+With ``--trace`` and no ``--plan``, the importance policy uses a plan profiled from the same trace
+(knee threshold), and a note says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from igpolicy.config import POLICIES
+from igpolicy.plan import SyncPlan
+from igpolicy.units import parse_bandwidth, parse_time
+from igsim.cli.options import add_policy_arguments, make_config, make_workload, plan_for
+from igsim.step.engine import MODES
+from igsim.studies.sweep import format_sweep_table, plot_sweep, run_sweep, write_sweep_csv
+
+__all__ = ["add_arguments", "parse_list", "run"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", help="trace directory to replay")
+    src.add_argument("--model", help="built-in architecture (e.g. llama-7b)")
+    p.add_argument("--window", default=None, metavar="A:B")
+    p.add_argument("--accelerator", default="h100")
+    p.add_argument("--utilisation", type=float, default=0.4)
+    p.add_argument("--tokens-per-step", type=int, default=4096)
+    p.add_argument("--plan", help="SyncPlan JSON for the importance policy")
+    p.add_argument("--policies", default="dense,topk,importance", help="comma-separated policies")
+    p.add_argument("--bandwidths", default="1Gbps,10Gbps,100Gbps,400Gbps", help="comma-separated link rates")
+    p.add_argument("--ranks", default="8,64,256", help="comma-separated world sizes")
+    p.add_argument("--latency", default="5us")
+    add_policy_arguments(p)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mode", default="auto", choices=MODES)
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--png", help="write the plot here")
+    p.add_argument("--csv", help="write one line per point here")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def parse_list(text: str, what: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise ValueError(f"--{what} {text!r}: expected a comma-separated list")
+    return items
+
+
+def run(args: argparse.Namespace) -> int:
+    policies = parse_list(args.policies, "policies")
+    for pol in policies:
+        if pol not in POLICIES:
+            raise ValueError(f"--policies: {pol!r} is not one of {', '.join(POLICIES)}")
+    bandwidths = [parse_bandwidth(b) for b in parse_list(args.bandwidths, "bandwidths")]
+    try:
+        sizes = [int(w) for w in parse_list(args.ranks, "ranks")]
+    except ValueError:
+        raise ValueError(f"--ranks {args.ranks!r}: expected integers, e.g. 8,64,512") from None
+    if any(w < 1 for w in sizes):
+        raise ValueError(f"--ranks {args.ranks!r}: world sizes must be >= 1")
+    if args.steps < 1:
+        raise ValueError(f"--steps {args.steps}: must be >= 1")
+    workload = make_workload(args)
+    config = make_config(args, workload=workload)
+    plan = SyncPlan.load(args.plan) if args.plan else None
+    if "importance" in policies and plan is None:
+        if not args.trace:
+            raise ValueError("--policies importance with --model needs --plan plan.json")
+        from igsim.cli.options import parse_window
+        from traces.profiling import profile_trace
+
+        plan, _, _ = profile_trace(
+            args.trace, release_period=config.release_period, window=parse_window(args.window)
+        )
+        print(f"note: no --plan given; profiled {args.trace} (knee threshold) -> plan {plan.fingerprint}")
+    plan, note = plan_for(workload, plan, policy="importance" if "importance" in policies else "")
+    if note:
+        print(note)
+    rows = run_sweep(
+        workload=workload,
+        plan=plan,
+        config=config,
+        policies=policies,
+        bandwidths_bytes_per_s=bandwidths,
+        world_sizes=sizes,
+        latency_s=parse_time(args.latency),
+        num_steps=args.steps,
+        seed=args.seed,
+        mode=args.mode,
+        max_workers=args.workers,
+        progress=not args.no_progress,
+    )
+    print(f"workload {workload.name}: {len(rows)} runs of {args.steps} steps")
+    print(format_sweep_table(rows))
+    if args.csv:
+        print(f"wrote {write_sweep_csv(rows, args.csv)}")
+    if args.png:
+        print(f"wrote {plot_sweep(rows, args.png, title=f'{workload.name}: step time and traffic')}")
+    return 0

@@ -1,0 +1,146 @@
+"""``igsim validate-report MEASUREMENTS.json [--out DIR]``: calibrate from a testbed measurement,
+predict its validation cases, print the table.
+
+The igsim half of ``igrt validate`` (which runs this as a subprocess, so neither package imports the
+other). Writes ``DIR/calibration.json`` (an igsim Calibration: alpha and the duplex effective
+bandwidth on every link class, for ``igsim simulate --calibration``) and ``DIR/report.json``
+(every case with its role, measured median and spread, prediction and error; per family MAPE,
+worst case and Kendall tau; the dense >= 256 KiB target). Runs as ``python -m
+igsim.cli.validate_report`` too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from igsim.studies import validation as v
+
+__all__ = ["add_arguments", "format_report", "main", "run"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("measurements", help="measurement JSON written by `igrt validate`")
+    p.add_argument("--out", default=None, help="directory for calibration.json and report.json")
+    p.add_argument(
+        "--small-max-bytes", type=int, default=16 * 1024, help="alpha is fitted on cases up to this size"
+    )
+    p.add_argument(
+        "--large-min-bytes", type=int, default=512 * 1024, help="bandwidth is fitted on cases from here"
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.add_argument("--steps-dir", default=None, help="training runs to replay (igrt validate --steps)")
+    p.add_argument(
+        "--skip-steps", type=int, default=1, help="leave out the first steps of each run (default 1)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    tb, cases, raw = v.load_measurements(args.measurements)
+    topo = v.testbed_topology(tb)
+    fit = v.fit(
+        cases,
+        topo,
+        small_max_bytes=args.small_max_bytes,
+        large_min_bytes=args.large_min_bytes,
+        burst_s=tb.burst_s,
+    )
+    report = v.build_report(cases, topo, fit, burst_s=tb.burst_s)
+    report["testbed"] = raw["testbed"]
+    report["measurements"] = str(args.measurements)
+    for k in ("command", "reps", "warmup", "host"):
+        if k in raw:
+            report[k] = raw[k]
+    steps_text = ""
+    if args.steps_dir:
+        from igsim.studies import step_validation as sv
+
+        runs = sv.simulate_runs(args.steps_dir, topology=topo, calibration=fit.calibration(topo))
+        report["steps"] = sv.compare_steps(runs, skip_steps=args.skip_steps)
+        steps_text = "\n\ntraining steps (comm_s per step, mean over steps):\n" + sv.format_steps(
+            report["steps"]
+        )
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        source = f"igrt validate: {raw.get('command', args.measurements)}"
+        fit.calibration(topo, source=source).save(out / "calibration.json")
+        (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report, indent=1) if args.json else format_report(report) + steps_text)
+    return 0
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k:
+            return f"{n / k:g} {unit}"
+    return f"{int(n)} B"
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """The report as a plain-text table (times in ms, errors in %)."""
+    f = report["fit"]
+    lines = [
+        f"fit: alpha {f['alpha_s'] * 1e3:.3f} ms/message, effective bandwidth x{f['duplex_factor']:.4f} "
+        f"(duplex), x{f['simplex_factor']:.4f} (one-way)",
+        "",
+        f"{'case':30s} {'role':5s} {'size':>10s} {'measured ms':>12s} {'spread':>7s} {'predicted':>10s} {'error':>8s}",
+    ]
+    for r in report["cases"]:
+        size = (
+            _fmt_bytes(r["size_bytes"])
+            if not r["sizes_bytes"]
+            else "max " + _fmt_bytes(max(r["sizes_bytes"]))
+        )
+        lines.append(
+            f"{r['name']:30s} {r['role'][:5]:5s} {size:>10s} {r['measured_median_s'] * 1e3:12.3f} "
+            f"{r['spread']:7.1%} {r['predicted_s'] * 1e3:10.3f} {r['error']:+8.1%}"
+        )
+    lines += [
+        "",
+        f"{'family (validation)':30s} {'cases':>5s} {'MAPE':>7s} {'worst':>8s}  {'tau':>6s}  worst case",
+    ]
+    groups = dict(report["families"])
+    groups.update({f"{k} >= 256 KiB": s for k, s in report.get("families_large", {}).items()})
+    if "dense_large" in report:
+        groups["dense >= 256 KiB"] = report["dense_large"]
+    for fam, s in groups.items():
+        tau = s.get("kendall_tau", math.nan)
+        lines.append(
+            f"{fam:30s} {s['num_cases']:5d} {s['mape']:7.1%} {s['worst_error']:+8.1%}  {tau:6.3f}  {s['worst_case']}"
+        )
+    if "dense_large" in report:
+        d, t = report["dense_large"], report["targets"]
+        lines.append(
+            f"target dense >= 256 KiB: mean {d['mape']:.1%} (<= {t['dense_mean_error']:.0%}: "
+            f"{'met' if d['meets_mean'] else 'MISSED'}), worst {abs(d['worst_error']):.1%} "
+            f"(<= {t['dense_worst_error']:.0%}: {'met' if d['meets_worst'] else 'MISSED'})"
+        )
+    if "validation_kendall_tau" in report:
+        lines.append(
+            f"Kendall tau, all validation cases ranked by time: {report['validation_kendall_tau']:.3f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from igpolicy.cli_util import dispatch
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return dispatch(
+        prog="igsim",
+        description=__doc__ or "",
+        commands={
+            "validate-report": ("igsim.cli.validate_report", "calibrate from a testbed measurement, report")
+        },
+        argv=["validate-report", *argv],
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

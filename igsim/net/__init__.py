@@ -1,0 +1,1 @@
+"""The network: topologies, topology files, the flow-level network and calibration."""

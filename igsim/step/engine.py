@@ -1,0 +1,324 @@
+"""The step engine: cost every step's step plan on a topology, op for op.
+
+Per simulated step ``t`` (timeline in seconds since the step started, all ranks starting together):
+
+1. The step's collectives are :class:`igpolicy.planner.StepPlanner`'s step plan for the
+   ``integration`` (the object and the function the runtime executes): decisions from
+   :func:`igpolicy.decide.decide_step` on nominal payload sizes, then the ordered ops of
+   :func:`igpolicy.step_plan.build_step_plan` — for ``ddp-hook`` over DDP's own buckets
+   (:func:`igpolicy.step_plan.ddp_buckets`: one bucket at step 0, rebuilt over the first
+   backward's ready order from step 1 on, ``ddp_bucket_cap_bytes``).
+2. Rank r runs forward for ``f_r`` and backward for ``b_r``; parameter i is ready at
+   ``f_r + s_r · ready_s[i]`` (``s_r`` is the rank's jitter factor). An op gated by
+   ``backward_end`` may start at ``f + b``; one gated by ``bucket_ready`` when its bucket's last
+   gradient is ready on the slowest rank.
+3. The ops run on ONE stream, each starting when its gate opens and the previous op has ended,
+   in plan order. A sparse gather's capacity is the nominal pair count when the plan pads to it,
+   else the largest selected count of any rank (skipped when that is 0). Each op is costed by
+   :func:`igsim.collectives.predict.predict_collective` on its encoded size
+   (:func:`igpolicy.step_plan.op_bytes`); alone on the stream, its time depends only on its spec,
+   so costs are cached.
+4. ``comm_end`` is the end of the last op (0 without one). Rank r's step time is
+   ``max(f_r + b_r, comm_end) + o_r``; its exposed communication ``max(0, comm_end - (f_r + b_r))``;
+   ``comm_s`` is the union of op intervals (their sum, on one stream).
+
+Bytes per rank and step are :func:`igpolicy.step_plan.op_bytes` summed over the executed ops, as
+the runtime's executor sums them. ``k`` is the workload's recorded count when it was recorded at
+the simulated density (or the run's own per-rank counts, ``Workload.k_by_rank``), else nominal.
+See docs/simulator.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from igpolicy.config import PolicyConfig
+from igpolicy.decide import release_phases
+from igpolicy.plan import SyncPlan
+from igpolicy.step_plan import DDP_FIRST_BUCKET_CAP_BYTES, INTEGRATIONS, OpKind, WireTally, op_bytes
+from igpolicy.vocab import ComponentId, ParamInfo, StepMetrics
+from igpolicy.wire import BOUNDED_SPARSIFIERS, COUNT_BYTES, encoded_pairs_bytes, nominal_k
+from igsim.collectives.costs import CostCache
+from igsim.step.decisions import PlanLayout, PlanSource
+from igsim.step.results import SPAN_KINDS, SimResult
+from igsim.step.workload import Jitter, Workload
+
+__all__ = [
+    "BOUNDED_SPARSIFIERS",
+    "INTEGRATIONS",
+    "METADATA_BYTES_PER_BUCKET",
+    "MODES",
+    "encoded_pairs_bytes",
+    "simulate",
+]
+
+METADATA_BYTES_PER_BUCKET = COUNT_BYTES
+MODES = ("auto", "flow", "analytic")
+_META, _SPARSE, _DENSE = (SPAN_KINDS.index(k) for k in ("metadata", "sparse_gather", "dense_allreduce"))
+
+
+def simulate(
+    *,
+    workload: Workload,
+    config: PolicyConfig,
+    plan: SyncPlan | None,
+    topology: Any,
+    calibration: Any = None,
+    num_steps: int,
+    seed: int = 0,
+    mode: str = "auto",
+    jitter: Jitter | None = None,
+    integration: str = "ddp-hook",
+    ddp_bucket_cap_bytes: int = 25 * 2**20,
+    ddp_first_bucket_cap_bytes: int | None = DDP_FIRST_BUCKET_CAP_BYTES,
+    dense_algorithm: str = "ring",
+    sparse_algorithm: str = "ring",
+    label: str | None = None,
+    exact_costs: bool = False,
+) -> SimResult:
+    """Simulate ``num_steps`` training steps of ``config`` on ``topology``; returns a :class:`SimResult`.
+
+    ``topology`` is an :class:`igsim.net.topology.Topology` (its ``ranks`` give the world size);
+    ``calibration`` an optional :class:`igsim.net.calibration.Calibration`. ``integration`` is the
+    runtime integration whose step plan is costed: ``ddp-hook`` (DDP's buckets, overlapped with
+    backward; ``ddp_bucket_cap_bytes`` / ``ddp_first_bucket_cap_bytes`` as DDP's ``bucket_cap_mb``
+    and first-bucket cap, ``None`` when ``bucket_cap_mb`` was given), ``sync`` or ``deepspeed``
+    (after backward). ``mode`` is passed to ``predict_collective`` (``auto``: closed forms where the
+    topology is contention-free, flow simulation otherwise). ``jitter`` makes ranks differ (seeded
+    by ``seed`` and ``jitter.seed``); without it one representative rank is simulated, unless the
+    workload carries per-rank counts (``k_by_rank``), which give one row per rank. ``label`` names
+    the policy in the result (default: ``config.policy``). ``exact_costs=True`` evaluates every
+    distinct collective size exactly (see :class:`igsim.collectives.costs.CostCache`).
+    Deterministic: the same arguments give identical rows.
+
+    Raises ValueError for ``num_steps < 1``, an unknown mode or integration, or a plan that does
+    not cover the workload's components (from ``release_phases``).
+    """
+    if int(num_steps) < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    if integration not in INTEGRATIONS:
+        raise ValueError(f"integration {integration!r} is not one of {', '.join(INTEGRATIONS)}")
+    if len(topology.ranks) < 1:
+        raise ValueError("topology has no ranks")
+    run = _Run(
+        workload=workload, config=config, plan=plan, topology=topology, calibration=calibration,
+        num_steps=int(num_steps), seed=seed, mode=mode, jitter=jitter, integration=integration,
+        ddp_caps=(ddp_bucket_cap_bytes, ddp_first_bucket_cap_bytes), algorithms=(dense_algorithm, sparse_algorithm),
+        exact_costs=exact_costs,
+    )  # fmt: skip
+    for t in range(int(num_steps)):
+        run.step(t)
+    return run.result(label=label or config.policy)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Stream:
+    """One step's communication stream: when it ends (since step start), busy time, bytes per row."""
+
+    comm_end_s: float
+    comm_s: float
+    tallies: list[WireTally]
+
+
+class _Run:
+    """One simulation's state: the plan source, the costs, the per-step columns."""
+
+    def __init__(self, *, workload, config, plan, topology, calibration, num_steps, seed, mode, jitter,
+                 integration, ddp_caps, algorithms, exact_costs) -> None:  # fmt: skip
+        self.workload, self.config, self.plan, self.integration = workload, config, plan, integration
+        self.num_steps, self.seed, self.mode, self.jitter = num_steps, seed, mode, jitter
+        self.world_size = p = len(topology.ranks)
+        params = workload.params
+        phases = release_phases(plan=plan, config=config, component_keys=[q.component for q in params])
+        self.k_matrix, self.k_source = _k_matrix(workload, config, world_size=p)
+        first_ready = workload.ready_since_backward(0) if integration == "ddp-hook" else None
+        self.source = PlanSource(
+            config=config, params=params, world_size=p, phases=phases, integration=integration,
+            first_ready_s=first_ready, ddp_bucket_cap_bytes=ddp_caps[0], ddp_first_bucket_cap_bytes=ddp_caps[1],
+        )  # fmt: skip
+        self.costs = CostCache(
+            topology=topology, calibration=calibration, mode=mode, world_size=p,
+            dense_algorithm=algorithms[0], sparse_algorithm=algorithms[1],
+            affine=exact_costs is False
+            and (mode == "analytic" or (mode == "auto" and _uniform_star(topology) and calibration is None)),
+        )  # fmt: skip
+        self.algorithms = algorithms
+        self.per_rank_k = self.k_matrix.ndim == 3
+        self.representative = (jitter is None or jitter.is_identity) and not self.per_rank_k
+        self.rows_per_step = 1 if self.representative else p
+        jit = Jitter(seed=0) if jitter is None else jitter
+        self.jit = Jitter(seed=_mix(seed, jit.seed), compute_cv=jit.compute_cv,
+                          straggler_rank=jit.straggler_rank, straggler_slowdown=jit.straggler_slowdown)  # fmt: skip
+        self.cols = _Columns(num_steps * self.rows_per_step)
+        self.steps = {k: np.zeros(num_steps) for k in ("start_s", "step_s", "forward_s", "backward_end_s", "comm_end_s")}
+        self.spans: dict[str, list] = {k: [] for k in ("step", "bucket", "kind", "start_s", "end_s", "size_bytes")}
+        self.sent: list[frozenset[str]] = []
+        self.clock = 0.0
+
+    def step(self, t: int) -> None:
+        w, cfg = self.workload, self.config
+        rec = w.recorded_index(t)
+        lay = self.source.layout(t)
+        self.sent.append(lay.plan.sending_params)
+        f, b, o = w.forward_s[rec], w.backward_s[rec], w.optimizer_s[rec]
+        factors = self.jit.factors(step=t, num_ranks=self.world_size)
+        s_max = float(factors.max())
+        ready = w.ready_since_backward(rec) if self.integration == "ddp-hook" else np.full(len(w.params), b)
+        gate = lay.op_gate_s(s_max * (f + ready), s_max * (f + b))
+        k = self.k_matrix[rec]  # [P] or [R, P]
+        k_rows = k if k.ndim == 2 else k[None, :]
+        stream = self._stream(lay, gate, lay.op_k(k_rows), t)
+        s = factors[:1] if self.representative else factors
+        bend = s * (f + b)
+        step_s = np.maximum(bend, stream.comm_end_s) + s * o
+        rows = slice(t * self.rows_per_step, (t + 1) * self.rows_per_step)
+        tallies = stream.tallies if len(stream.tallies) == self.rows_per_step else stream.tallies * self.rows_per_step
+        ib, vb = cfg.index_bytes, cfg.value_bytes
+        self.cols.fill(
+            rows,
+            step=t,
+            rank=np.arange(self.rows_per_step),
+            **{f_: np.array([getattr(x, f_) for x in tallies]) for f_ in _TALLY_FIELDS},
+            num_sending_components=lay.plan.num_sending_components,
+            low_bytes=np.array([lay.low_bytes(kr, index_bytes=ib, value_bytes=vb) for kr in k_rows])
+            if len(k_rows) == self.rows_per_step else lay.low_bytes(k_rows[0], index_bytes=ib, value_bytes=vb),
+            compute_s=s * (f + b + o),
+            comm_s=stream.comm_s,
+            exposed_comm_s=np.maximum(0.0, stream.comm_end_s - bend),
+            step_s=step_s,
+            bucket_imbalance=lay.plan.bucket_imbalance,
+        )  # fmt: skip
+        global_step_s = float(max(step_s.max(), s_max * (f + b + o)))
+        for key, v in (("start_s", self.clock), ("step_s", global_step_s), ("forward_s", s_max * f),
+                       ("backward_end_s", s_max * (f + b)), ("comm_end_s", stream.comm_end_s)):  # fmt: skip
+            self.steps[key][t] = v
+        self.clock += global_step_s
+
+    def _stream(self, lay: PlanLayout, gate: np.ndarray, op_k: np.ndarray, step: int) -> _Stream:
+        """The step's ops one after another on one stream (see the module docstring)."""
+        cfg, costs = self.config, self.costs
+        tallies = [WireTally() for _ in range(op_k.shape[0])]
+        cur = comm_s = 0.0
+        for j, op in enumerate(lay.ops):
+            if op.kind == OpKind.SPARSE_GATHER:
+                ks = op_k[:, j]
+                cap = int(op.nominal_nnz) if op.padded_to_nominal else int(ks.max(initial=0))
+                per_row = [op_bytes(op, k=min(int(x), cap), capacity=cap, config=cfg) for x in ks]
+            else:
+                per_row = [op_bytes(op, k=0, capacity=0, config=cfg)] * len(tallies)
+            for tally, b_ in zip(tallies, per_row):
+                tally.add(b_)
+            b0 = per_row[0]
+            if not b0.issued:
+                continue
+            if op.kind == OpKind.COUNT_EXCHANGE:
+                kind, cost = _META, costs.metadata(len(op.buckets))
+            elif op.kind == OpKind.DENSE_ALLREDUCE:
+                kind, cost = _DENSE, costs.dense(b0.wire_size_bytes)
+            else:
+                kind, cost = _SPARSE, costs.sparse(b0.wire_size_bytes)
+            start = max(float(gate[j]), cur)
+            _span(self.spans, step, op.bucket, kind, start, start + cost, b0.wire_size_bytes)
+            cur, comm_s = start + cost, comm_s + cost
+        return _Stream(comm_end_s=cur, comm_s=comm_s, tallies=tallies)
+
+    def result(self, *, label: str) -> SimResult:
+        cfg, plan = self.config, self.plan
+        return SimResult(
+            policy=label,
+            world_size=self.world_size,
+            num_steps=self.num_steps,
+            representative=self.representative,
+            columns=self.cols.arrays,
+            steps=self.steps,
+            spans={k: np.asarray(v, dtype=np.float64 if k.endswith("_s") else np.int64) for k, v in self.spans.items()},
+            sent_params=tuple(self.sent),
+            settings={
+                "config": cfg.to_dict(),
+                "plan_fingerprint": plan.fingerprint if plan is not None else None,
+                "workload": self.workload.name,
+                "world_size": self.world_size,
+                "mode": self.mode,
+                "integration": self.integration,
+                "dense_algorithm": self.algorithms[0],
+                "sparse_algorithm": self.algorithms[1],
+                "k_source": self.k_source,
+                "seed": self.seed,
+                "jitter": None if self.jitter is None else vars(self.jitter).copy(),
+                "num_collective_evaluations": self.costs.num_evaluations,
+            },
+        )
+
+
+_TALLY_FIELDS = ("values_bytes", "indices_bytes", "dense_bytes", "metadata_bytes", "num_collectives")
+
+
+def _uniform_star(topology: Any) -> bool:
+    check = getattr(topology, "uniform_star", None)
+    return bool(check is not None and check() is not None)
+
+
+def _mix(a: int, b: int) -> int:
+    return (int(a) * 1_000_003 + int(b)) % (2**63)
+
+
+def _span(
+    spans: dict[str, list], step: int, bucket: int, kind: int, start: float, end: float, size: int
+) -> None:
+    spans["step"].append(step)
+    spans["bucket"].append(bucket)
+    spans["kind"].append(kind)
+    spans["start_s"].append(start)
+    spans["end_s"].append(end)
+    spans["size_bytes"].append(size)
+
+
+def _kind(param: ParamInfo) -> str:
+    return ComponentId.from_key(param.component).kind.value
+
+
+def _k_matrix(workload: Workload, config: PolicyConfig, *, world_size: int) -> tuple[np.ndarray, str]:
+    """Selected entries per (recorded step, [rank,] param): a run's own per-rank counts when the
+    workload carries them for this world size, the workload's when recorded at this density,
+    else nominal."""
+    numel = workload.numel
+    kr = workload.k_by_rank
+    if kr is not None and kr.shape[1] == world_size:
+        return kr, "run"
+    if (
+        workload.k is not None
+        and config.sparse
+        and workload.k_density is not None
+        and not config.density_per_kind
+        and math.isclose(workload.k_density, config.density, rel_tol=1e-9)
+    ):
+        return workload.k, "trace"
+    nominal = np.array(
+        [nominal_k(int(n), config.density_for(_kind(p))) for n, p in zip(numel, workload.params)]
+    )
+    return np.broadcast_to(nominal.astype(np.int64), (workload.num_recorded_steps, len(numel))), "nominal"
+
+
+# every numeric StepMetrics field, as a column ("extra" and the string fields are not stored)
+_ROW_DTYPES: dict[str, Any] = {
+    f.name: np.int64 if f.type == "int" else np.float64
+    for f in fields(StepMetrics)
+    if f.type in ("int", "float")
+}
+
+
+class _Columns:
+    """Preallocated StepMetrics columns."""
+
+    def __init__(self, n: int) -> None:
+        self.arrays = {k: np.zeros(n, dtype=d) for k, d in _ROW_DTYPES.items()}
+
+    def fill(self, rows: slice, **values: Any) -> None:
+        for k, v in values.items():
+            self.arrays[k][rows] = v

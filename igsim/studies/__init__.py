@@ -1,0 +1,1 @@
+"""Studies built on the engine: sweeps, validation against testbeds, replays of real runs."""

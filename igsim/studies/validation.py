@@ -1,0 +1,431 @@
+"""Simulator vs real network: fit a calibration from testbed measurements, predict, report the error.
+
+Input: the measurement file ``igrt validate`` writes (JSON, layout below). Every case is labelled
+``calibration`` or ``validation``; the two sets must not share a case (same op and sizes), and the
+fit reads only calibration cases. Predictions come from :func:`igsim.collectives.gloo.predict_gloo` (gloo's real
+schedules on igsim's flow network) on the testbed's topology (:func:`testbed_topology`).
+
+The fit (all times are per-case medians):
+
+1. ``alpha_s`` (per message, every link class): the median over small calibration cases
+   (<= ``small_max_bytes``) of the alpha that makes each case's prediction equal its measurement.
+2. ``duplex_factor``: effective bandwidth / nominal for links whose reverse direction carries data
+   too (ring collectives: every rank sends and receives at once), by least squares on the relative
+   error of large (>= ``large_min_bytes``) duplex calibration cases.
+3. ``simplex_factor``: the same from large one-way cases (p2p); broadcast uses it. Without such
+   cases it equals the duplex factor.
+
+Steps 1-2 alternate until both settle, so synthetic measurements made with known values are
+recovered exactly. The saved :class:`~igsim.net.calibration.Calibration` (for ``igsim simulate``) holds
+``alpha_s`` and the duplex factor for every link class: data-parallel traffic is duplex.
+
+Measurement file::
+
+    {"testbed": {"num_ranks": 4, "rate_bytes_per_s": 12500000.0, "two_level": false,
+                 "uplink_rate_bytes_per_s": null, "slow_rank": null, "slow_rate_bytes_per_s": null},
+     "cases": [{"name": "all_reduce-1MiB", "op": "all_reduce", "role": "validation",
+                "size_bytes": 1048576, "times_s": [0.135, ...]}, ...]}
+
+``sparse_all_gather`` cases give ``sizes_bytes`` (one per rank) instead of ``size_bytes``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+from scipy import optimize
+
+from igsim.collectives.gloo import GLOO_OPS, predict_gloo
+from igsim.net.calibration import Calibration, LinkCalibration
+from igsim.net.topology import Topology, star
+
+__all__ = [
+    "CALIBRATION",
+    "DUPLEX_OPS",
+    "VALIDATION",
+    "Case",
+    "Fit",
+    "TestbedDescription",
+    "build_report",
+    "fit",
+    "kendall_tau",
+    "load_measurements",
+    "predict_case",
+    "testbed_topology",
+]
+
+CALIBRATION, VALIDATION = "calibration", "validation"
+DUPLEX_OPS = frozenset({"all_reduce", "reduce_scatter", "all_gather", "sparse_all_gather"})
+DENSE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+TARGETS = {
+    "dense_min_bytes": 256 * 1024,
+    "dense_mean_error": 0.05,
+    "dense_worst_error": 0.10,
+    "kendall_tau": 0.95,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TestbedDescription:
+    """The testbed a measurement ran on (rates in bytes per second)."""
+
+    __test__ = False
+
+    num_ranks: int
+    rate_bytes_per_s: float
+    two_level: bool = False
+    uplink_rate_bytes_per_s: float | None = None
+    slow_rank: int | None = None
+    slow_rate_bytes_per_s: float | None = None
+    burst_s: float = 0.0
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str) -> TestbedDescription:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(data) - known - {"mtu"})
+        if unknown:
+            raise ValueError(f"{where}: unknown testbed keys {unknown} (known: {', '.join(sorted(known))})")
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError as e:
+            raise ValueError(f"{where}: testbed: {e}") from None
+
+
+def testbed_topology(tb: TestbedDescription) -> Topology:
+    """The testbed as an igsim topology: ranks ``r0..`` on switch ``sw`` (class ``nic``); two-level:
+    ranks below p/2 on ``br0``, the rest on ``br1``, bridges joined by one ``uplink`` link. Link
+    latency is 0: the calibration's alpha is the whole per-message latency."""
+    p, rate = tb.num_ranks, float(tb.rate_bytes_per_s)
+    if not tb.two_level:
+        overrides = {}
+        if tb.slow_rank is not None:
+            overrides[(f"r{tb.slow_rank}", "sw")] = {"bandwidth_bytes_per_s": float(tb.slow_rate_bytes_per_s)}
+        return star(num_ranks=p, bandwidth_bytes_per_s=rate, latency_s=0.0, link_overrides=overrides or None)
+    g = nx.Graph()
+    for br in ("br0", "br1"):
+        g.add_node(br, kind="switch")
+    uplink = float(tb.uplink_rate_bytes_per_s or rate)
+    g.add_edge("br0", "br1", bandwidth_bytes_per_s=uplink, latency_s=0.0, link_class="uplink")
+    ranks = [f"r{i}" for i in range(p)]
+    for i, r in enumerate(ranks):
+        g.add_node(r, kind="rank")
+        bw = float(tb.slow_rate_bytes_per_s) if i == tb.slow_rank else rate
+        g.add_edge(
+            r, "br0" if i < p // 2 else "br1", bandwidth_bytes_per_s=bw, latency_s=0.0, link_class="nic"
+        )
+    return Topology(graph=g, ranks=tuple(ranks), name=f"testbed-two-level-{p}").validate(where="testbed")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    """One measured case: what ran, in which role, and its per-rep times (seconds)."""
+
+    name: str
+    op: str
+    role: str
+    times_s: tuple[float, ...]
+    size_bytes: int = 0
+    sizes_bytes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.op not in GLOO_OPS:
+            raise ValueError(f"case {self.name!r}: op {self.op!r} is not one of {', '.join(GLOO_OPS)}")
+        if self.role not in (CALIBRATION, VALIDATION):
+            raise ValueError(
+                f"case {self.name!r}: role {self.role!r} is not {CALIBRATION!r} or {VALIDATION!r}"
+            )
+        if not self.times_s or any(not (math.isfinite(t) and t >= 0) for t in self.times_s):
+            raise ValueError(f"case {self.name!r}: times_s must be a non-empty list of times >= 0")
+
+    @property
+    def median_s(self) -> float:
+        return float(statistics.median(self.times_s))
+
+    @property
+    def bytes(self) -> int:
+        """The size that decides small vs large: n, or the largest per-rank payload (sparse)."""
+        return int(max(self.sizes_bytes)) if self.sizes_bytes else int(self.size_bytes)
+
+    @property
+    def key(self) -> tuple:
+        return (self.op, int(self.size_bytes), tuple(int(s) for s in self.sizes_bytes))
+
+
+def load_measurements(path: str | Path) -> tuple[TestbedDescription, list[Case], dict[str, Any]]:
+    """Read a measurement file: (testbed, cases, the raw JSON). ValueError names the file."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such measurement file") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict) or "testbed" not in data or "cases" not in data:
+        raise ValueError(f"{path}: a measurement file needs 'testbed' and 'cases'")
+    tb = TestbedDescription.from_dict(data["testbed"], where=str(path))
+    cases = [_case(c, where=f"{path}: case {i}") for i, c in enumerate(data["cases"])]
+    check_disjoint(cases)
+    return tb, cases, data
+
+
+def _case(c: Mapping[str, Any], *, where: str) -> Case:
+    try:
+        return Case(
+            name=str(c["name"]),
+            op=str(c["op"]),
+            role=str(c["role"]),
+            times_s=tuple(float(t) for t in c["times_s"]),
+            size_bytes=int(c.get("size_bytes", 0)),
+            sizes_bytes=tuple(int(s) for s in c.get("sizes_bytes", ())),
+        )
+    except KeyError as e:
+        raise ValueError(f"{where}: missing key {e}") from None
+
+
+def check_disjoint(cases: Iterable[Case]) -> None:
+    """ValueError if a calibration case and a validation case are the same measurement."""
+    cases = list(cases)
+    cal = {c.key: c.name for c in cases if c.role == CALIBRATION}
+    both = [(cal[c.key], c.name) for c in cases if c.role == VALIDATION and c.key in cal]
+    if both:
+        raise ValueError(f"calibration and validation cases overlap: {both}")
+
+
+# -- prediction and fitting --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fit:
+    """Fitted per-message overhead and effective-bandwidth factors (see the module docstring)."""
+
+    alpha_s: float
+    duplex_factor: float
+    simplex_factor: float
+    alpha_cases: Mapping[str, float] = field(default_factory=dict)
+    rounds: int = 0
+
+    def calibration(self, topology: Topology, *, duplex: bool = True, source: str = "") -> Calibration:
+        """An igsim Calibration with this fit on every link class of ``topology``."""
+        link = LinkCalibration(
+            alpha_s=self.alpha_s,
+            effective_bandwidth_factor=self.duplex_factor if duplex else self.simplex_factor,
+        )
+        classes = sorted({d["link_class"] for _, _, d in topology.graph.edges(data=True)})
+        return Calibration(link_classes={c: link for c in classes}, default=link, source=source)
+
+
+def predict_case(case: Case, topology: Topology, fit_: Fit, *, burst_s: float = 0.0) -> float:
+    """Seconds gloo takes for ``case`` on ``topology`` under ``fit_`` (duplex or simplex factor by
+    op); ``burst_s`` is the shapers' token-bucket burst (see :func:`igsim.collectives.gloo.predict_gloo`)."""
+    cal = fit_.calibration(topology, duplex=case.op in DUPLEX_OPS)
+    return predict_gloo(
+        case.op,
+        topology=topology,
+        calibration=cal,
+        size_bytes=case.size_bytes,
+        sizes_bytes=case.sizes_bytes,
+        burst_s=burst_s,
+    )
+
+
+def fit(
+    cases: Sequence[Case],
+    topology: Topology,
+    *,
+    small_max_bytes: int = 16 * 1024,
+    large_min_bytes: int = 512 * 1024,
+    max_rounds: int = 30,
+    rtol: float = 1e-9,
+    burst_s: float = 0.0,
+) -> Fit:
+    """Fit alpha and the two bandwidth factors from the *calibration* cases (validation cases are
+    ignored). ValueError when there is no small or no large duplex calibration case."""
+    cal = [c for c in cases if c.role == CALIBRATION]
+    small = [c for c in cal if c.bytes <= small_max_bytes]
+    large_duplex = [c for c in cal if c.bytes >= large_min_bytes and c.op in DUPLEX_OPS]
+    large_simplex = [c for c in cal if c.bytes >= large_min_bytes and c.op not in DUPLEX_OPS]
+    if not small:
+        raise ValueError(f"calibration: no case of <= {small_max_bytes} bytes to fit alpha from")
+    if not large_duplex:
+        raise ValueError(
+            f"calibration: no duplex collective of >= {large_min_bytes} bytes to fit bandwidth from"
+        )
+    current = Fit(alpha_s=0.0, duplex_factor=1.0, simplex_factor=1.0)
+    per_case: dict[str, float] = {}
+    for rounds in range(1, max_rounds + 1):
+        per_case = {c.name: _solve_alpha(c, topology, current, burst_s) for c in small}
+        alpha = float(statistics.median(per_case.values()))
+        duplex = _fit_factor(
+            large_duplex, topology, replace(current, alpha_s=alpha), "duplex_factor", burst_s
+        )
+        simplex = (
+            _fit_factor(large_simplex, topology, replace(current, alpha_s=alpha), "simplex_factor", burst_s)
+            if large_simplex
+            else duplex
+        )
+        new = Fit(
+            alpha_s=alpha, duplex_factor=duplex, simplex_factor=simplex, alpha_cases=per_case, rounds=rounds
+        )
+        settled = all(
+            abs(getattr(new, k) - getattr(current, k)) <= rtol * max(abs(getattr(new, k)), 1e-12)
+            for k in ("alpha_s", "duplex_factor", "simplex_factor")
+        )
+        current = new
+        if settled:
+            break
+    return current
+
+
+def _solve_alpha(case: Case, topology: Topology, base: Fit, burst_s: float) -> float:
+    """The alpha (>= 0) at which the prediction of ``case`` equals its median (0 if even alpha = 0
+    predicts too slow)."""
+    target = case.median_s
+
+    def gap(alpha: float) -> float:
+        return predict_case(case, topology, replace(base, alpha_s=alpha), burst_s=burst_s) - target
+
+    if gap(0.0) >= 0:
+        return 0.0
+    hi = max(target, 1e-9)
+    while gap(hi) < 0:
+        hi *= 2
+    return float(optimize.brentq(gap, 0.0, hi, xtol=1e-15, rtol=1e-12))
+
+
+def _fit_factor(cases: Sequence[Case], topology: Topology, base: Fit, which: str, burst_s: float) -> float:
+    """Least squares on relative error over ``cases`` for one bandwidth factor."""
+
+    def loss(log_f: float) -> float:
+        f = replace(base, **{which: math.exp(log_f)})
+        return sum(
+            ((predict_case(c, topology, f, burst_s=burst_s) - c.median_s) / c.median_s) ** 2 for c in cases
+        )
+
+    res = optimize.minimize_scalar(loss, bounds=(math.log(0.05), math.log(20.0)), method="bounded",
+                                   options={"xatol": 1e-12})  # fmt: skip
+    return float(math.exp(res.x))
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def kendall_tau(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Kendall's tau-b of two paired sequences (1: same order, -1: reversed); ties count as neither
+    concordant nor discordant. ValueError for fewer than two pairs or unequal lengths; nan when one
+    side is constant."""
+    if len(xs) != len(ys):
+        raise ValueError(f"kendall_tau: {len(xs)} and {len(ys)} values")
+    if len(xs) < 2:
+        raise ValueError("kendall_tau needs at least two pairs")
+    conc = disc = tie_x = tie_y = 0
+    for i in range(len(xs)):
+        for j in range(i + 1, len(xs)):
+            dx, dy = _sign(xs[i] - xs[j]), _sign(ys[i] - ys[j])
+            if dx == 0 and dy == 0:
+                continue
+            if dx == 0:
+                tie_x += 1
+            elif dy == 0:
+                tie_y += 1
+            elif dx == dy:
+                conc += 1
+            else:
+                disc += 1
+    denom = math.sqrt((conc + disc + tie_x) * (conc + disc + tie_y))
+    return (conc - disc) / denom if denom else math.nan
+
+
+def _sign(v: float) -> int:
+    return (v > 0) - (v < 0)
+
+
+def mean_abs_pct_error(errors: Iterable[float]) -> float:
+    """Mean of |relative error| (a fraction: 0.05 is 5 %)."""
+    errors = [abs(e) for e in errors]
+    return sum(errors) / len(errors) if errors else math.nan
+
+
+def _summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    out = {
+        "num_cases": len(rows),
+        "mape": mean_abs_pct_error(r["error"] for r in rows),
+        "mean_signed_error": sum(r["error"] for r in rows) / len(rows),
+        "worst_case": worst["name"],
+        "worst_error": worst["error"],
+    }
+    if len(rows) >= 2:
+        out["kendall_tau"] = kendall_tau(
+            [r["measured_median_s"] for r in rows], [r["predicted_s"] for r in rows]
+        )
+    return out
+
+
+def build_report(
+    cases: Sequence[Case],
+    topology: Topology,
+    fit_: Fit,
+    *,
+    burst_s: float = 0.0,
+    predictor: Callable[[Case], float] | None = None,
+) -> dict[str, Any]:
+    """Per case: role, median, spread, prediction, error; per family (op; all validation sizes in
+    ``families``, those >= 256 KiB in ``families_large``) and for the dense target group
+    (``dense_large``): MAPE, worst case, Kendall tau of the cases ranked by time. JSON-ready."""
+    predictor = predictor or (lambda c: predict_case(c, topology, fit_, burst_s=burst_s))
+    rows = []
+    for c in cases:
+        pred = predictor(c)
+        med = c.median_s
+        rows.append(
+            {
+                "name": c.name,
+                "op": c.op,
+                "role": c.role,
+                "size_bytes": c.size_bytes,
+                "sizes_bytes": list(c.sizes_bytes),
+                "reps": len(c.times_s),
+                "measured_median_s": med,
+                "measured_min_s": min(c.times_s),
+                "measured_max_s": max(c.times_s),
+                "spread": (max(c.times_s) - min(c.times_s)) / med if med else math.nan,
+                "predicted_s": pred,
+                "error": (pred - med) / med if med else math.nan,
+            }
+        )
+    val = [r for r in rows if r["role"] == VALIDATION]
+    large = [
+        r for r, c in zip(rows, cases) if r["role"] == VALIDATION and c.bytes >= TARGETS["dense_min_bytes"]
+    ]
+    families = {op: _summary(sel) for op in GLOO_OPS if (sel := [r for r in val if r["op"] == op])}
+    families_large = {op: _summary(sel) for op in GLOO_OPS if (sel := [r for r in large if r["op"] == op])}
+    dense = [r for r in large if r["op"] in DENSE_OPS]
+    report: dict[str, Any] = {
+        "fit": {
+            "alpha_s": fit_.alpha_s,
+            "duplex_factor": fit_.duplex_factor,
+            "simplex_factor": fit_.simplex_factor,
+            "alpha_cases": dict(fit_.alpha_cases),
+            "rounds": fit_.rounds,
+        },
+        "cases": rows,
+        "families": families,
+        "families_large": families_large,
+        "targets": dict(TARGETS),
+    }
+    if dense:
+        d = _summary(dense)
+        d["meets_mean"] = d["mape"] <= TARGETS["dense_mean_error"]
+        d["meets_worst"] = abs(d["worst_error"]) <= TARGETS["dense_worst_error"]
+        report["dense_large"] = d
+    if len(val) >= 2:
+        tau = kendall_tau([r["measured_median_s"] for r in val], [r["predicted_s"] for r in val])
+        report["validation_kendall_tau"] = tau
+    return report
