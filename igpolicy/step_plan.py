@@ -1,17 +1,17 @@
 """The step plan: a step's decision as the ordered list of collective operations that carry it.
 
 One pure function turns :func:`igpolicy.decide.decide_step`'s decision into what goes on the wire,
-for a given *integration*; the runtime (``igrt.executor``) performs exactly these operations on
-tensors and the simulator (``igsim.engine``) costs exactly these operations on a topology.
+for a given *integration*; the runtime (``igrt.sync.executor``) performs exactly these operations on
+tensors and the simulator (``igsim.step.engine``) costs exactly these operations on a topology.
 
 Integrations and their issue order:
 
-- ``sync`` (``igrt.synchronizer.Synchronizer``, after backward) and ``deepspeed`` (the same
+- ``sync`` (``igrt.sync.synchronizer.Synchronizer``, after backward) and ``deepspeed`` (the same
   synchronizer inside the optimizer's ``step()``): the decision's balanced buckets. At backward
   end, one count exchange carrying every sparse bucket's pair count (``COUNT_BYTES`` each), then
   one sparse gather per sparse bucket padded to the largest rank's count (skipped when every rank
   has 0 pairs), then one dense all-reduce per dense bucket. Every op is gated by backward end.
-- ``ddp-hook`` (``igrt.ddp_hook``): DDP's own buckets, in DDP's order (see :func:`ddp_buckets`).
+- ``ddp-hook`` (``igrt.integrations.ddp_hook``): DDP's own buckets, in DDP's order (see :func:`ddp_buckets`).
   Per DDP bucket, its parameters that send this step travel as one collective, gated by the
   bucket's readiness (DDP calls the hook once every gradient of the bucket is ready): a bounded
   sparsifier's gather padded to the nominal k with the count in its header; other sparsifiers

@@ -1,7 +1,7 @@
 """The wire format, defined once: what one rank puts on the wire for a sparse or dense payload.
 
-The runtime (``igrt.comm``) lays buffers out with these functions and the simulator
-(``igsim.engine``) sizes its collectives with them, so both agree on every byte.
+The runtime (``igrt.sync.comm``) lays buffers out with these functions and the simulator
+(``igsim.step.engine``) sizes its collectives with them, so both agree on every byte.
 
 A sparse payload of one bucket is one rank's ``k`` (index, value) pairs, encoded as one uint8
 buffer padded to a ``capacity`` that every rank knows::

@@ -1,6 +1,6 @@
 """traces: the gradient-trace format (schema, writer, reader, validator) and shipped sample traces.
 
-No torch here: the recorder that produces traces lives in ``igrt.recorder``. A trace is a directory
+No torch here: the recorder that produces traces lives in ``igrt.trace.recorder``. A trace is a directory
 of Parquet parts plus ``manifest.json`` (see :mod:`traces.schema` for every column's meaning).
 """
 

@@ -11,7 +11,7 @@ Every part is written under a temporary name (``.params-r000-000001.parquet.tmp`
 place, so a crash loses at most the part in progress. ``step`` is the optimizer step (the
 gradient-accumulation boundary), counted from 0 by the recorder.
 
-Column meanings (the recorder in ``igrt.recorder`` fills them; the sparsifier is the manifest's):
+Column meanings (the recorder in ``igrt.trace.recorder`` fills them; the sparsifier is the manifest's):
 
 ``params``
     - ``numel``: entries of the parameter. ``k``: entries the sparsifier selected from ``u`` (below),
@@ -66,7 +66,7 @@ __all__ = [
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 # summary.json of an igrt train output folder (2: integration, DDP caps, plan.json, trace/, ops.csv),
-# written by igrt.train and read by igsim.replay
+# written by igrt.train.loop and read by igsim.studies.replay
 RUN_SUMMARY_FORMAT = "igrt-train/2"
 # manifest.extra["k"] of a training run's own trace: k is what each rank sent (0 where it held)
 RUN_TRACE_K = "sent"
