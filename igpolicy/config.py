@@ -21,6 +21,7 @@ POLICIES = ("dense", "topk", "adtopk", "importance", "periodic")
 SPARSIFIERS = ("topk", "adtopk", "threshold", "randomk", "none")
 PACKINGS = ("ddp", "round_robin", "lpt", "kk")
 COLLECTIVES = ("auto", "sparse", "dense")
+NONFINITE = ("skip", "error")  # what a non-finite local gradient does
 
 # removed key -> what replaced it (shown in the error)
 REMOVED_POLICY_KEYS: dict[str, str] = {
@@ -82,6 +83,10 @@ class PolicyConfig:
       component released after R steps). For scale-invariant optimizers (Adam, AdamW, Adafactor),
       whose step does not grow with a gradient accumulated over R steps; leave it off for SGD,
       where the accumulated residual already is R steps' worth. Requires ``skip_unsent``.
+    - ``nonfinite``: what a NaN / inf local gradient does (AMP GradScaler style, checked before it
+      touches a residual): ``skip`` the step on every rank (nothing is applied; every finite
+      gradient is held in the residuals, the non-finite parameters' gradients are discarded on the
+      rank that had them), or ``error``: stop every rank with an error naming the parameter.
     """
 
     policy: str = "importance"
@@ -98,6 +103,7 @@ class PolicyConfig:
     value_bytes: int = 4
     skip_unsent: bool = True
     catch_up: bool = False
+    nonfinite: str = "skip"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -131,6 +137,8 @@ class PolicyConfig:
             raise bad("index_bytes", self.index_bytes, "must be 4 (int32) or 8 (int64)")
         if self.value_bytes not in (2, 4):
             raise bad("value_bytes", self.value_bytes, "must be 2 (bf16/fp16) or 4 (fp32)")
+        if self.nonfinite not in NONFINITE:
+            raise bad("nonfinite", self.nonfinite, f"is not one of {', '.join(NONFINITE)}")
         if self.catch_up and not self.skip_unsent:
             raise bad("catch_up", self.catch_up, "needs skip_unsent=true (a zero grad steps the optimizer anyway)")
 
@@ -143,7 +151,7 @@ class PolicyConfig:
         def is_number(v: object) -> bool:
             return isinstance(v, (int, float)) and not isinstance(v, bool)
 
-        for key in ("policy", "sparsifier", "packing", "collective"):
+        for key in ("policy", "sparsifier", "packing", "collective", "nonfinite"):
             if not isinstance(getattr(self, key), str):
                 raise bad(key, getattr(self, key), "must be a string")
         for key in ("release_period", "bucket_cap_bytes", "index_bytes", "value_bytes", "seed"):

@@ -103,17 +103,18 @@ class ImportanceHookState:
     def finish_step(self) -> list[StepMetrics]:
         """After backward: unsent grads -> None (or zeros) and one StepMetrics row per finished step."""
         rows = []
-        for run in self._pending:
+        pending, self._pending = self._pending, []
+        for run in pending:
+            self.sync.executor.finish_nonfinite(run)  # may raise (nonfinite='error'), on every rank alike
             for name, p in self.sync.params.items():
                 if name in run.results:
                     continue
-                if self.config.skip_unsent:
+                if self.config.skip_unsent or run.skipped:  # a skipped step applies nothing
                     p.grad = None
                 elif p.grad is not None:
                     p.grad.zero_()
             self.sync.note_sent([n for n in self.sync.params if n in run.results], run.step)
             rows.append(self._metrics(run))
-        self._pending = []
         return rows
 
     def state_dict(self) -> dict[str, Any]:
@@ -154,7 +155,7 @@ class ImportanceHookState:
             num_sending_components=len(decision.release.send & components),
             bucket_imbalance=max(sizes) / (sum(sizes) / len(sizes)) if sizes else 1.0,
             residual_norm=sync.residuals.total_norm(),
-            extra={"ddp_hook": 1.0, "num_ddp_buckets": float(len(run.ddp_buckets))},
+            extra={"ddp_hook": 1.0, "num_ddp_buckets": float(len(run.ddp_buckets)), **run.nonfinite_extra()},
         )
         sync.record(row, run)
         return row
@@ -177,10 +178,20 @@ def importance_hook(
     run.ddp_buckets.append(tuple(names))
     ops = sync.planner.ddp_bucket_ops(run.step, bucket=len(run.ddp_buckets) - 1, names=names)
     sending = set(ops[-1].param_names) if ops else set()
+    with run.timer.phase("check"):  # one fused NaN / inf check of the bucket before its residuals
+        bad = sync.executor.screen(names, views.__getitem__, run)
+    run.poison_pending = run.poison_pending or bool(bad)
+    poison = run.poison_pending and bool(ops)  # the first op after a non-finite bucket tells every rank
+    if poison:
+        run.poison_pending = False
+
+    def grads(name: str) -> torch.Tensor | None:
+        return None if name in bad else views[name]
+
     with run.timer.phase("hold"):
         for name in names:
             if name not in sending:
-                sync.hold(name, views[name])
+                sync.hold(name, grads(name))
     if bucket.is_last():
         state._end_backward()
 
@@ -194,6 +205,4 @@ def importance_hook(
             sub += n
         return out
 
-    return sync.executor.launch_bucket(
-        ops, views.__getitem__, run, write_back=write_back, empty=buffer.zero_
-    )
+    return sync.executor.launch_bucket(ops, grads, run, write_back=write_back, empty=buffer.zero_, poison=poison)

@@ -89,8 +89,17 @@ class StepRun:
     low_bytes: int = 0
     intervals: list[tuple[float, float]] = field(default_factory=list)
     ddp_buckets: list[tuple[str, ...]] = field(default_factory=list)  # DDP's buckets as seen (hook)
+    sent: dict[str, tuple[torch.Tensor | None, torch.Tensor]] = field(default_factory=dict)  # name -> (idx, values)
+    nonfinite_local: list[str] = field(default_factory=list)  # this rank's non-finite parameters
+    skipped: bool = False  # a non-finite gradient somewhere: nothing applied on any rank
+    poison_pending: bool = False  # DDP hook: a non-finite bucket seen, not yet carried by an op
     timer: PhaseTimer = field(default_factory=PhaseTimer)
     t0: float = field(default_factory=time.perf_counter)
+
+    def nonfinite_extra(self) -> dict[str, float]:
+        """``nonfinite_skipped`` (1: the step was skipped on every rank) and ``nonfinite_params``
+        (this rank's parameters with a NaN / inf gradient)."""
+        return {"nonfinite_skipped": float(self.skipped), "nonfinite_params": float(len(self.nonfinite_local))}
 
     def log(self, op: CollectiveOp, *, k: int, capacity: int, b: OpBytes) -> None:
         self.tally.add(b)
@@ -153,9 +162,76 @@ class Executor:
         self.ib = torch.empty(0, dtype=sync.index_dtype).element_size()
         self.vb = torch.empty(0, dtype=self.value_dtype).element_size()
 
+    # ------------------------------------------------------------------ non-finite gradients
+    @staticmethod
+    def all_finite(tensors: list[torch.Tensor]) -> bool:
+        """One fused check: no NaN / inf in ``tensors`` (max-abs norms; NaN propagates)."""
+        if not tensors:
+            return True
+        norms = torch._foreach_norm([t.detach() for t in tensors], float("inf"))
+        return bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
+
+    def screen(self, names: list[str], grads: Callable[[str], torch.Tensor | None], run: StepRun) -> set[str]:
+        """Which of ``names`` have a non-finite local gradient (one fused check; per parameter only
+        when it fails). They are recorded in ``run.nonfinite_local``; their gradient is never added
+        to a residual."""
+        present = [n for n in names if grads(n) is not None]
+        if self.all_finite([grads(n) for n in present]):
+            return set()
+        bad = [n for n in present if not bool(torch.isfinite(grads(n)).all())]
+        run.nonfinite_local.extend(bad)
+        return set(bad)
+
+    def poison(self, op: CollectiveOp, grads: Callable[[str], torch.Tensor | None], run: StepRun) -> _Payload:
+        """The payload of a rank that found a non-finite gradient this step: NaN on the wire (one
+        pair, or the dense bucket), so every rank's result is non-finite and every rank skips the
+        step. ``op``'s finite gradients are held in their residuals, the non-finite ones discarded."""
+        s = self.sync
+        bad = set(run.nonfinite_local)
+        for name in op.param_names:
+            run.sent_k[name] = 0
+            if name not in bad:
+                s.hold(name, grads(name))
+        if op.kind == OpKind.DENSE_ALLREDUCE:
+            for name, n in zip(op.param_names, op.param_numel):
+                run.sent_k[name] = n
+            return _Payload(op=op, k=0, flat=torch.full((op.numel,), float("nan"), dtype=self.value_dtype, device=s.device))
+        run.sent_k[op.param_names[0]] = 1
+        return _Payload(
+            op=op, k=1, indices=torch.zeros(1, dtype=s.index_dtype, device=s.device),
+            values=torch.full((1,), float("nan"), dtype=self.value_dtype, device=s.device),
+        )  # fmt: skip
+
+    def finish_nonfinite(self, run: StepRun) -> None:
+        """After every op of the step: if any averaged result is non-finite (some rank poisoned it,
+        or the sum overflowed), the step is skipped identically on every rank — every sent entry
+        returns to its residual (the step's gradient is held) and no result is applied. Under
+        ``nonfinite='error'`` every rank then raises, naming what it knows. The decision reads only
+        the results, which every rank shares: a non-finite gradient that no op of its step carried
+        (its bucket held) is discarded on its rank and counted, and the step goes on everywhere."""
+        if self.all_finite(list(run.results.values())):
+            return  # results are identical on every rank, so is this decision
+        run.skipped = True
+        s = self.sync
+        for name, (idx, vals) in run.sent.items():
+            s.residuals.unsend(name, idx, vals)
+        run.results.clear()
+        if s.config.nonfinite == "error":
+            mine = ", ".join(run.nonfinite_local[:5])
+            where = f"in {mine} on rank {s.rank}" if mine else f"on another rank (this is rank {s.rank})"
+            raise ValueError(
+                f"non-finite gradient at step {run.step} {where}; the step was not applied and the "
+                "residuals are finite (PolicyConfig nonfinite='skip' skips such steps instead)"
+            )
+
     # ------------------------------------------------------------------ selection
-    def select(self, op: CollectiveOp, grads: Callable[[str], torch.Tensor | None], run: StepRun) -> _Payload:
-        """Select and encode ``op``'s payload from ``grads(name)`` (residuals updated)."""
+    def select(
+        self, op: CollectiveOp, grads: Callable[[str], torch.Tensor | None], run: StepRun, *, poison: bool = False
+    ) -> _Payload:
+        """Select and encode ``op``'s payload from ``grads(name)`` (residuals updated); with
+        ``poison`` the NaN payload of :meth:`poison` instead."""
+        if poison:
+            return self.poison(op, grads, run)
         s = self.sync
         dense = op.kind == OpKind.DENSE_ALLREDUCE
         if not dense and op.numel >= 2**31 and s.index_dtype == torch.int32:
@@ -175,6 +251,7 @@ class Executor:
             with run.timer.phase("pack"):
                 sent = n if idx is None else int(idx.numel())
                 run.sent_k[name] = sent
+                run.sent[name] = (idx, vals)
                 if dense:
                     target = flat[off : off + n]
                     target.copy_(vals) if idx is None else target.index_copy_(0, idx, vals)
@@ -233,9 +310,14 @@ class Executor:
             off += n
 
     # ------------------------------------------------------------------ after backward
-    def run_plan(self, plan: StepPlan, grads: Callable[[str], torch.Tensor | None], run: StepRun) -> None:
-        """Execute every op of an after-backward plan, blocking; results in ``run.results``."""
-        payloads = {op.seq: self.select(op, grads, run) for op in plan.ops if op.kind != OpKind.COUNT_EXCHANGE}
+    def run_plan(
+        self, plan: StepPlan, grads: Callable[[str], torch.Tensor | None], run: StepRun, *, poison: bool = False
+    ) -> None:
+        """Execute every op of an after-backward plan, blocking; results in ``run.results``
+        (``poison``: this rank found a non-finite gradient, see :meth:`poison`)."""
+        payloads = {
+            op.seq: self.select(op, grads, run, poison=poison) for op in plan.ops if op.kind != OpKind.COUNT_EXCHANGE
+        }
         by_bucket = {pl.op.bucket: pl for pl in payloads.values()}
         capacity: dict[int, int] = {}
         pending = []
@@ -267,6 +349,7 @@ class Executor:
         *,
         write_back: Callable[[CollectiveOp, torch.Tensor], torch.Tensor],
         empty: Callable[[], torch.Tensor],
+        poison: bool = False,
     ) -> torch.futures.Future:
         """Execute one DDP bucket's ops asynchronously; the future gives ``write_back(op, acc)``.
 
@@ -275,7 +358,7 @@ class Executor:
         if not ops:
             return _completed(empty())
         payload_op = ops[-1]
-        pl = self.select(payload_op, grads, run)
+        pl = self.select(payload_op, grads, run, poison=poison)
         t0 = time.perf_counter()
         if ops[0].kind == OpKind.COUNT_EXCHANGE:
             (cap,) = self._exchange(ops[0], [pl.k], run)

@@ -117,6 +117,22 @@ class ResidualState:
         else:
             flat[idx] -= sent
 
+    def unsend(self, name: str, indices: torch.Tensor | None, values: torch.Tensor) -> None:
+        """Undo :meth:`after_send` for a step that was skipped: the sent ``values`` (as they
+        travelled) go back into the residual, so the step's gradient is held instead of sent."""
+        flat = self._e[name].view(-1)
+        vals = values.reshape(-1).to(device=flat.device, dtype=torch.float32)
+        if indices is None:
+            flat.add_(vals)
+        else:
+            flat.index_add_(0, indices.to(device=flat.device, dtype=torch.int64), vals)
+        if self.track_sums:
+            s = self._sum_sent[name].view(-1)
+            if indices is None:
+                s.sub_(vals.to(torch.float64))
+            else:
+                s.index_add_(0, indices.to(device=s.device, dtype=torch.int64), vals.to(torch.float64).neg())
+
     def hold(self, name: str, u: torch.Tensor) -> None:
         """Nothing was sent: ``e = u``."""
         e = self._buffer(name, u)

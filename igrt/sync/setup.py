@@ -20,7 +20,7 @@ __all__ = ["build_param_infos", "default_sparsifier", "fingerprint_parts", "name
 _FP_LEN = 16
 # PolicyConfig keys added after the igsync/1 state format, with their defaults: left out of the
 # config digest at their default value, so a checkpoint written before them still resumes
-_ADDED_KEYS = {"catch_up": False}
+_ADDED_KEYS = {"catch_up": False, "nonfinite": "skip"}
 
 
 def named_parameters(model_or_named: Any) -> list[tuple[str, torch.nn.Parameter]]:

@@ -237,14 +237,24 @@ class Synchronizer:
         run = StepRun(step=t, timer=PhaseTimer(sync_cuda=self.sync_cuda_timing))
         with run.timer.phase("decide"):
             plan = run.plan = self.plan_step(t)
+        with run.timer.phase("check"):  # one fused NaN / inf check before any residual is touched
+            bad = self.executor.screen(list(self.params), lambda n: self.params[n].grad, run)
+
+        def grads(name: str) -> torch.Tensor | None:
+            return None if name in bad else self.params[name].grad
+
         with run.timer.phase("hold"):
-            for name, p in self.params.items():
+            for name in self.params:
                 if name not in plan.sending_params:
-                    self.hold(name, p.grad)
-        self.executor.run_plan(plan, lambda n: self.params[n].grad, run)
+                    self.hold(name, grads(name))
+        self.executor.run_plan(plan, grads, run, poison=bool(bad))
+        self.executor.finish_nonfinite(run)  # may raise (nonfinite='error'), on every rank alike
         with run.timer.phase("scatter"):
             for name, p in self.params.items():
-                _set_grad(p, run.results.get(name), skip_unsent=self.config.skip_unsent)
+                if run.skipped:
+                    p.grad = None  # a skipped step applies nothing, whatever skip_unsent says
+                else:
+                    _set_grad(p, run.results.get(name), skip_unsent=self.config.skip_unsent)
         self.note_sent([n for n in self.params if n in run.results], t)
         self.advance_step()
         return self._record(run, compute_s=compute_s)
@@ -263,7 +273,7 @@ class Synchronizer:
             num_sending_components=plan.num_sending_components if plan is not None else 0,
             bucket_imbalance=plan.bucket_imbalance if plan is not None else 1.0,
             residual_norm=self.residuals.total_norm(),
-            extra={"sync_s": sync_s, **(extra or {})},
+            extra={"sync_s": sync_s, **run.nonfinite_extra(), **(extra or {})},
         )
         return self.record(row, run)
 
