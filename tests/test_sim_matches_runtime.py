@@ -5,8 +5,8 @@ all cases, ``igrt.train.loop.train_on_rank`` per case) and replays the run with
 :func:`igsim.studies.replay.replay_run`. Oracle: for every step and rank, the StepMetrics byte fields and
 collective count of the replay equal the measured ones, and every step's issued ops (kind, DDP or
 plan bucket, encoded bytes) are the same list. The DDP hook runs with a small ``bucket_cap_mb``
-so DDP really splits the model into several buckets and rebuilds them after step 0; the
-DeepSpeed (ZeRO-0) optimizer runs the Synchronizer's plan, checked against the same replay.
+so DDP really splits the model into several buckets and rebuilds them after step 0; under
+``deepspeed`` a DeepSpeed ZeRO-0 engine runs, its optimizer syncs with the Synchronizer.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _plan(infos) -> SyncPlan:
 
 
 def _cases():
-    for integration in ("sync", "ddp-hook"):
+    for integration in ("sync", "ddp-hook", "deepspeed"):
         for policy in POLICIES:
             for collective in COLLECTIVES if policy != "dense" else ("auto",):
                 yield integration, policy, collective

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from igpolicy.config import PACKINGS, POLICIES, SPARSIFIERS, PolicyConfig
+from igpolicy.step_plan import INTEGRATIONS
 from igrt.workloads import WORKLOADS
 
 __all__ = ["add_arguments", "options_from_args", "policy_config", "run"]
 
-INTEGRATIONS = ("sync", "ddp-hook")  # igrt.train.loop.INTEGRATIONS (not imported: keeps --help torch-free)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--integration",
         choices=INTEGRATIONS,
         default="sync",
-        help="sync: Synchronizer after backward; ddp-hook: DDP + importance_hook",
+        help="sync: Synchronizer after backward; ddp-hook: DDP + importance_hook; deepspeed: DeepSpeed ZeRO-0 engine, our optimizer syncs",
     )
     p.add_argument(
         "--ddp-bucket-cap-mb",

@@ -89,16 +89,24 @@ def _enabled(section: Any) -> bool:
     return isinstance(section, Mapping) and bool(section.get("enabled", False))
 
 
-def prepare_config(config: Mapping[str, Any] | str | Path) -> tuple[dict[str, Any], SyncOptions, float]:
+def prepare_config(
+    config: Mapping[str, Any] | str | Path, *, sync: SyncOptions | None = None
+) -> tuple[dict[str, Any], SyncOptions, float]:
     """Split a DeepSpeed config into (config for DeepSpeed, our options, gradient clipping norm).
 
-    Our section (``importance_gradient``) is validated strictly and removed; ``gradient_clipping``
+    Our section (``importance_gradient``) is validated strictly and removed — or, with ``sync``
+    (the options as objects, as ``igrt train`` has them), must be absent; ``gradient_clipping``
     is taken over (DeepSpeed would clip each rank's local gradient before our synchronization).
     Raises ValueError naming the key for every unsupported setting (see the module docstring).
     """
     ds_config, base_dir = _read_config(config)
     where = f"DeepSpeed config section {SECTION!r}"
-    options = sync_options(ds_config.pop(SECTION, None), where=where, base_dir=base_dir)
+    if sync is None:
+        options = sync_options(ds_config.pop(SECTION, None), where=where, base_dir=base_dir)
+    elif SECTION in ds_config:
+        raise ValueError(f"DeepSpeed config: give the {SECTION!r} section or sync=, not both")
+    else:
+        options = sync
     zero = ds_config.get("zero_optimization") or {}
     stage = int(zero.get("stage", 0)) if isinstance(zero, Mapping) else 0
     if stage != 0:
@@ -306,6 +314,7 @@ def initialize(
     config: Mapping[str, Any] | str | Path,
     model_parameters: Iterable[Any] | None = None,
     track_sums: bool = False,
+    sync: SyncOptions | None = None,
     **deepspeed_kwargs: Any,
 ) -> tuple[Any, ImportanceGradientOptimizer, Any, Any]:
     """``deepspeed.initialize`` with importance-aware sync; returns its (engine, optimizer, loader, scheduler).
@@ -313,8 +322,9 @@ def initialize(
     ``config``: a DeepSpeed config (dict or JSON path) with an ``importance_gradient`` section.
     ``optimizer``: a torch optimizer, or a callable building one from ``model_parameters`` (default
     ``model.parameters()``). Other keyword arguments go to ``deepspeed.initialize`` (``mpu`` is
-    refused). ``track_sums``: keep fp64 sums for the conservation audit (tests). Raises ValueError
-    for every unsupported setting, before any process group work.
+    refused). ``track_sums``: keep fp64 sums for the conservation audit (tests). ``sync``: the
+    options as objects instead of an ``importance_gradient`` section (``igrt train``). Raises
+    ValueError for every unsupported setting, before any process group work.
     """
     import deepspeed
     from deepspeed.runtime.pipe.module import PipelineModule
@@ -329,7 +339,7 @@ def initialize(
         )
     if isinstance(model, PipelineModule):
         raise ValueError("initialize: pipeline parallelism (PipelineModule) is not supported")
-    ds_config, options, max_grad_norm = prepare_config(config)
+    ds_config, options, max_grad_norm = prepare_config(config, sync=sync)
     if not isinstance(optimizer, torch.optim.Optimizer):
         if not callable(optimizer):
             raise ValueError(

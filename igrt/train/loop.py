@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from igpolicy.config import PolicyConfig
 from igpolicy.plan import SyncPlan, compare_plans
+from igpolicy.step_plan import INTEGRATIONS
 from igpolicy.vocab import ParamInfo, StepMetrics
 from igrt.sync.metrics import MetricsLog
 from igrt.train.checkpoint import barrier as _barrier
@@ -57,7 +58,6 @@ __all__ = [
     "train_on_rank",
 ]
 
-INTEGRATIONS = ("sync", "ddp-hook")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,9 +150,13 @@ class _RankRun:
         torch.manual_seed(rank_seed(options.seed, ctx.rank))
         self.optimizer = workload.optimizer(self.model)
         self.hook = None
+        self.engine = None
         self.forward_model = self.model
         if options.integration == "sync":
             self.sync = Synchronizer(self.model, config=options.config, plan=options.plan, param_infos=infos)
+        elif options.integration == "deepspeed":
+            self.engine, self.sync = _deepspeed_engine(self.model, self.optimizer, options)
+            self.forward_model = self.engine
         else:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -166,7 +170,8 @@ class _RankRun:
             )
             self.forward_model.register_comm_hook(self.hook, importance_hook)
             self.sync = self.hook.sync
-        self.sync.attach_optimizer(self.optimizer)  # catch-up hooks (config.catch_up); else nothing
+        if self.engine is None:  # (DeepSpeed's optimizer attaches catch-up itself when it binds)
+            self.sync.attach_optimizer(self.optimizer)  # catch-up hooks (config.catch_up); else nothing
         self.trace = None
         if options.record_trace and options.out:
             from igrt.trace.run_trace import RunTraceRecorder
@@ -253,11 +258,23 @@ class _RankRun:
                 forward_s += time.perf_counter() - tf
                 if last and self.trace is not None:
                     self.trace.arm()
-                (loss / o.grad_accum).backward()
+                if self.engine is not None:
+                    self.engine.backward(loss)  # DeepSpeed divides by its gradient_accumulation_steps
+                else:
+                    (loss / o.grad_accum).backward()
             loss_sum += float(loss.detach()) / o.grad_accum
+            if self.engine is not None and not last:
+                self.engine.step()  # not a boundary: DeepSpeed only counts the micro-batch
         _device_sync(device)
         t1 = time.perf_counter()
-        if self.hook is None:
+        if self.engine is not None:  # the boundary: engine.step -> our optimizer -> Synchronizer.step
+            self.engine.step()
+            _device_sync(device)
+            t3 = time.perf_counter()
+            row = self.sync.log[-1]
+            t2 = t1 + row.extra["sync_s"]  # the optimizer's own time is what follows the sync
+            exposed_s = row.exposed_comm_s
+        elif self.hook is None:
             row = self.sync.step(compute_s=t1 - t0)
             exposed_s = row.exposed_comm_s  # blocking: every collective's time is exposed
         else:
@@ -266,11 +283,12 @@ class _RankRun:
         if o.drop_held_residuals:
             held = [n for n in self.sync.params if n not in self.sync.last_run.results]
             self.sync.drop_residuals(held)
-        t2 = time.perf_counter()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        _device_sync(device)
-        t3 = time.perf_counter()
+        if self.engine is None:
+            t2 = time.perf_counter()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            _device_sync(device)
+            t3 = time.perf_counter()
         # sync: compute = forward + backward + optimizer. ddp-hook: the hook works inside backward,
         # so everything but the exposed tail counts as compute.
         compute_s = (t1 - t0) + (t3 - t2) if self.hook is None else (t3 - t0) - exposed_s
@@ -322,6 +340,30 @@ def _watchdog(ctx):
     # several runs may share one group (experiments/): each gets its own keys in the store
     with RankWatchdog(interval_s=1.0, prefix=f"igrt/train/{run_number('igrt/train', ctx.world_size)}") as wd:
         yield wd
+
+
+def _deepspeed_engine(model, optimizer, options: TrainOptions):
+    """A DeepSpeed ZeRO-0 engine over ``model`` whose optimizer runs our Synchronizer (CPU or GPU)."""
+    import deepspeed
+
+    from igrt.integrations import SyncOptions
+    from igrt.integrations import deepspeed as igds
+
+    # DeepSpeed's CPU accelerator would JIT-build a shared-memory all-reduce op (minutes) that our
+    # path never uses (the engine's all-reduce is off)
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    config = {
+        "train_micro_batch_size_per_gpu": options.batch_size,
+        "gradient_accumulation_steps": options.grad_accum,
+        "steps_per_print": 10**9,
+    }
+    engine, wrapped, _, _ = igds.initialize(
+        model=model,
+        optimizer=optimizer,
+        config=config,
+        sync=SyncOptions(config=options.config, plan=options.plan, plan_path=None),
+    )
+    return engine, wrapped.sync
 
 
 def _hook_exposed_s(state, backward_end: float) -> float:
