@@ -20,8 +20,9 @@ a whole step is :func:`igpolicy.step_plan.build_step_plan` over DDP's buckets as
 (``StepRun.ddp_buckets``), which the simulator predicts with :func:`igpolicy.step_plan.ddp_buckets`.
 
 Parameters are keyed by NAME (an id → name map of the module's parameters), so DDP rebuilding its
-buckets after the first iteration changes nothing. The state wraps a :class:`Synchronizer` for
-decisions, residuals, flush and checkpoints, and uses only its public methods.
+buckets after the first iteration changes nothing. The state wraps a
+:class:`~igrt.sync.state.SyncState` for decisions, residuals, flush and checkpoints, and uses only its
+public methods.
 
 The hook cannot set a gradient to None (DDP writes every bucket back), so unsent parameters come
 back as zeros and :meth:`ImportanceHookState.finish_step` sets them to None afterwards
@@ -44,7 +45,7 @@ from igpolicy.vocab import ParamInfo, StepMetrics
 from igrt.sync.executor import StepRun, union_length
 from igrt.sync.metrics import PhaseTimer
 from igrt.sync.sparsifiers import Sparsifier
-from igrt.sync.synchronizer import Synchronizer
+from igrt.sync.state import SyncState
 
 __all__ = ["ImportanceHookState", "importance_hook"]
 
@@ -64,7 +65,7 @@ class ImportanceHookState:
         track_sums: bool = False,
     ) -> None:
         module = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-        self.sync = Synchronizer(
+        self.sync = SyncState(
             module,
             config=config,
             plan=plan,
@@ -118,7 +119,7 @@ class ImportanceHookState:
         return rows
 
     def state_dict(self) -> dict[str, Any]:
-        """The wrapped Synchronizer's state (call between steps, after :meth:`finish_step`)."""
+        """The wrapped sync state's ``state_dict`` (call between steps, after :meth:`finish_step`)."""
         if self._pending or self._current is not None:
             raise ValueError("ImportanceHookState.state_dict: call finish_step() (or optimizer.step()) first")
         return self.sync.state_dict()
