@@ -196,7 +196,8 @@ def train_on_testbed(
     """``igrt train`` of ``policy`` for ``steps`` steps, one process per rank namespace, into
     ``steps_dir/real_<policy>`` (metrics.csv with every rank's StepMetrics rows)."""
     args = ["igrt", "train", "--workload", workload, "--policy", policy, "--steps", str(steps), "--no-eval",
-            "--no-progress", "--out", str(steps_dir / f"real_{policy}"), "--timeout", str(timeout_s)]  # fmt: skip
+            "--no-progress", "--out", str(steps_dir / f"real_{policy}"), "--timeout", str(timeout_s),
+            "--record-trace"]  # fmt: skip
     args += ["--tiny"] if tiny else []
     args += ["--plan", str(steps_dir / "plan.json")] if policy == "importance" else []
     port = 29600 + POLICIES.index(policy) if policy in POLICIES else None

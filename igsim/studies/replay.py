@@ -109,6 +109,8 @@ class Replay:
 
     rows: list[dict[str, Any]]  # one per step: step, measured_<f>, predicted_<f>
     summary: dict[str, Any]
+    measured: list[dict[str, float]]  # the run's StepMetrics rows, one per (step, rank)
+    predicted: list[dict[str, Any]]  # the replay's, one per (step, rank)
 
     def write(self, out: str | Path) -> list[Path]:
         out = Path(out)
@@ -202,7 +204,8 @@ def _compare(inputs: RunInputs, predicted: list[dict], result, steps: list[int])
             row[f"measured_{f}"] = agg(float(real[s, r][f]) for r in ranks if (s, r) in real)
             row[f"predicted_{f}"] = agg(float(sim[s, r][f]) for r in ranks if (s, r) in sim)
         rows.append(row)
-    return Replay(rows=rows, summary=_summary(inputs, rows, mismatches, op_mismatch, real_ops, result))
+    summary = _summary(inputs, rows, mismatches, op_mismatch, real_ops, result)
+    return Replay(rows=rows, summary=summary, measured=inputs.measured, predicted=predicted)
 
 
 def _err(m: float, p: float) -> float | None:

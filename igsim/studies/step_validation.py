@@ -1,14 +1,15 @@
 """Training steps on the testbed vs igsim's replay of the same run: communication time per step.
 
-``igrt validate --steps N`` trains every policy for N steps on the testbed (``igrt train``, one
-process per rank namespace) and leaves, in one directory::
+``igrt validate --steps N`` trains every policy for N steps on the testbed (``igrt train
+--record-trace``, one process per rank namespace) and leaves, in one directory::
 
-    trace/                 a gradient trace of the workload (igrt record, loopback)
+    trace/                 a gradient trace of the workload (igrt record, loopback), for the plan
     plan.json              the SyncPlan profiled from it (igsim profile)
-    real_<policy>/         igrt train's output: metrics.csv (StepMetrics rows), summary.json
+    real_<policy>/         igrt train's output with its own trace (metrics.csv, summary.json, trace/, ops.csv)
 
-:func:`simulate_runs` replays each run with the same PolicyConfig (read from its summary.json) on
-the testbed topology with the fitted calibration; :func:`compare_steps` compares, per policy, the
+:func:`simulate_runs` replays each run with :func:`igsim.studies.replay.replay_run` (its own config,
+plan, integration, compute and sent counts) on the testbed topology with the fitted calibration,
+and requires exact bytes and ops; :func:`compare_steps` compares, per policy, the
 mean over steps (after ``skip_steps``) of
 
 - ``comm_s`` as measured: the mean over ranks, and the minimum over ranks. A rank that reaches a
@@ -24,15 +25,12 @@ policies, and the Kendall tau of the policies ranked by step time and by communi
 from __future__ import annotations
 
 import csv
-import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from igpolicy.config import PolicyConfig
-from igpolicy.plan import SyncPlan
 from igsim.net.calibration import Calibration
 from igsim.net.topology import Topology
 from igsim.studies.validation import kendall_tau
@@ -64,38 +62,27 @@ def read_metrics(path: str | Path) -> list[dict[str, float]]:
 
 def simulate_runs(
     steps_dir: str | Path, *, topology: Topology, calibration: Calibration
-) -> dict[str, tuple[list[dict[str, float]], list[dict[str, float]]]]:
-    """For every ``real_<policy>`` run in ``steps_dir``: (measured rows, simulated rows)."""
-    from igsim.step.engine import simulate
-    from igsim.step.workload import Workload
+) -> dict[str, tuple[list[dict[str, float]], list[dict[str, Any]]]]:
+    """For every ``real_<policy>`` run in ``steps_dir``: (measured rows, predicted rows), from
+    :func:`igsim.studies.replay.replay_run` — the run's own trace, plan and integration (so each run
+    must have been trained with ``--record-trace``). Raises ValueError when a replay's bytes or ops
+    do not agree exactly with the run (the comparison of times would be about different steps)."""
+    from igsim.studies.replay import replay_run
 
     root = Path(steps_dir)
     runs = sorted(p for p in root.glob("real_*") if p.is_dir())
     if not runs:
         raise ValueError(f"{root}: no real_<policy> run directories")
-    workload = Workload.from_trace(root / "trace")
-    plan_path = root / "plan.json"
-    plan = SyncPlan.load(plan_path) if plan_path.exists() else None
     out = {}
     for run in runs:
-        summary = json.loads((run / "summary.json").read_text())
-        config = PolicyConfig.from_dict(summary["config"], where=f"{run}/summary.json config")
-        real = read_metrics(run / "metrics.csv")
-        num_steps = int(max(r["step"] for r in real)) + 1
-        result = simulate(
-            workload=workload,
-            config=config,
-            plan=plan if config.policy == "importance" else None,
-            topology=topology,
-            calibration=calibration,
-            num_steps=num_steps,
-            seed=int(summary.get("seed", 0)),
-            integration=str(summary.get("integration", "sync")),  # what igrt train ran
-        )
-        sim = [
-            {k: float(v) for k, v in r.to_row().items() if isinstance(v, (int, float))} for r in result.rows
-        ]
-        out[config.policy] = (real, sim)
+        rep = replay_run(run, topology=topology, calibration=calibration)
+        s = rep.summary
+        if not (s["bytes_exact"] and s["ops_exact"]):
+            raise ValueError(
+                f"{run}: the replay does not execute the run's steps (bytes exact: {s['bytes_exact']}, "
+                f"ops exact: {s['ops_exact']}; first mismatches {s['byte_mismatches'][:2]})"
+            )
+        out[s["policy"]] = (rep.measured, rep.predicted)
     return out
 
 
