@@ -208,6 +208,20 @@ def _compare(inputs: RunInputs, predicted: list[dict], result, steps: list[int])
     return Replay(rows=rows, summary=summary, measured=inputs.measured, predicted=predicted)
 
 
+def _below_nominal(inputs: RunInputs) -> dict[str, Any]:
+    """Sparse gathers in which a rank sent fewer pairs than the nominal k (exact zeros in ``u`` are
+    never selected — the row-sparse rule — or a threshold sparsifier): why bytes sit below
+    ``nominal k · pair bytes``. Both sides use the recorded counts, so they still agree exactly."""
+    gathers = [r for r in inputs.ops if r["kind"] == "sparse_gather" and int(r["issued"])]
+    below = [r for r in gathers if int(r["k"]) < int(r["capacity"])]
+    return {
+        "gathers": len(gathers),
+        "below": len(below),
+        "why": "a rank's payload is padded to the bucket's capacity; fewer pairs were selected where the "
+        "residual-corrected gradient has exact zeros (never sent) or the sparsifier is unbounded",
+    }
+
+
 def _err(m: float, p: float) -> float | None:
     return (p - m) / m if m else None
 
@@ -236,6 +250,7 @@ def _summary(inputs, rows, mismatches, op_mismatch, real_ops, result) -> dict[st
         "op_mismatch_steps": op_mismatch[:50],
         "num_ops_measured": sum(len(v) for v in real_ops.values()),
         "k_source": result.settings["k_source"],
+        "sparse_sends_below_nominal_k": _below_nominal(inputs),
         "means_after_step_0": means,
         "note": "bytes and collectives use each rank's recorded sent k; times are the topology model's prediction",
     }
@@ -246,7 +261,8 @@ def format_replay(rep: Replay, *, max_rows: int = 12) -> str:
     s = rep.summary
     lines = [
         f"replay of {s['run']}: {s['policy']} ({s['integration']}) on {s['world_size']} ranks, {s['steps']} steps",
-        f"{'step':>4} {'wire B meas':>12} {'wire B pred':>12} {'coll':>9} {'comm ms meas':>13} {'pred':>8} {'step ms meas':>13} {'pred':>8}",
+        f"{'step':>4} {'wire B meas':>12} {'wire B pred':>12} {'coll':>9} {'comm ms meas':>13} {'pred':>8}"
+        f" {'exposed meas':>13} {'pred':>8} {'step ms meas':>13} {'pred':>8}",
     ]
     for r in rep.rows[:max_rows]:
         wm = sum(r[f"measured_{f}"] for f in BYTE_FIELDS[:4])
@@ -254,6 +270,7 @@ def format_replay(rep: Replay, *, max_rows: int = 12) -> str:
         lines.append(
             f"{r['step']:>4} {wm:>12.0f} {wp:>12.0f} {r['measured_num_collectives']:>4.0f}/{r['predicted_num_collectives']:<4.0f}"
             f" {1e3 * r['measured_comm_s']:>13.2f} {1e3 * r['predicted_comm_s']:>8.2f}"
+            f" {1e3 * r['measured_exposed_comm_s']:>13.2f} {1e3 * r['predicted_exposed_comm_s']:>8.2f}"
             f" {1e3 * r['measured_step_s']:>13.2f} {1e3 * r['predicted_step_s']:>8.2f}"
         )
     if len(rep.rows) > max_rows:
@@ -262,6 +279,9 @@ def format_replay(rep: Replay, *, max_rows: int = 12) -> str:
         f"bytes by kind and collective counts, every step and rank: {'EXACT' if s['bytes_exact'] else 'DIFFER'}"
         f"; issued ops (kind, bucket, bytes): {'EXACT' if s['ops_exact'] else 'DIFFER at steps ' + str(s['op_mismatch_steps'][:10])}"
     )
+    b = s["sparse_sends_below_nominal_k"]
+    if b["below"]:
+        lines.append(f"{b['below']} of {b['gathers']} rank payloads carried fewer pairs than their capacity: {b['why']}")
     for m in s["byte_mismatches"][:5]:
         lines.append(f"  step {m['step']} rank {m['rank']} {m['field']}: measured {m['measured']}, predicted {m['predicted']}")
     for f in TIME_FIELDS:
