@@ -16,12 +16,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 
 import simpy
 
 from igsim.collectives import analytic as af
-from igsim.collectives.schedules import Dep, Schedule, build_schedule, machine_groups
+from igsim.collectives.execute import CollectiveResult, execute_schedule
+from igsim.collectives.schedules import build_schedule, machine_groups
 from igsim.net.calibration import Calibration
 from igsim.net.network import Network
 from igsim.net.topology import Topology
@@ -32,6 +32,7 @@ __all__ = [
     "SUPPORTED",
     "CollectiveResult",
     "CollectiveSpec",
+    "closed_form_exact",
     "predict_collective",
     "run_collective",
 ]
@@ -101,16 +102,6 @@ class CollectiveSpec:
             af.log2_exact(p, what=f"{self.op} {self.algorithm}")
 
 
-@dataclass(frozen=True, kw_only=True)
-class CollectiveResult:
-    """``time_s`` from the collective's start until its last rank is done; the bytes each rank put
-    on the wire (rank order); the number of messages."""
-
-    time_s: float
-    bytes_sent_per_rank: tuple[float, ...]
-    num_messages: int
-
-
 # -- running a schedule over the network -------------------------------------------------------
 
 
@@ -131,60 +122,7 @@ def run_collective(
     spec.check_ranks(p)
     groups = machine_groups(net.topology, names) if spec.algorithm == "hierarchical" else None
     sched = build_schedule(spec, p, net.calibration.gamma_s_per_byte, groups)
-    return net.env.process(_execute(net, sched, names))
-
-
-def _execute(net: Network, s: Schedule, names: list[str]):
-    env = net.env
-    t0 = env.now
-    count = len(s.src)
-    sent = [0.0] * len(names)
-    for src, size in zip(s.src, s.size):
-        sent[src] += size
-    dependents: list[list[Dep]] = [[] for _ in range(count)]
-    pending = [len(d) for d in s.deps]
-    for m, deps in enumerate(s.deps):
-        for d, delay in deps:
-            dependents[d].append((m, delay))
-    ready = [t0] * count
-    arrived = [t0] * count
-    left = count
-    all_done = env.event()
-    src, dst, size, send = s.src, s.dst, s.size, net.send
-
-    def launch(m: int, _event=None) -> None:
-        send(names[src[m]], names[dst[m]], size[m], partial(on_arrival, m))
-
-    def on_arrival(m: int) -> None:
-        nonlocal left
-        now = env.now
-        arrived[m] = now
-        for d, delay in dependents[m]:
-            t = now + delay
-            r = ready[d]
-            if t > r:
-                ready[d] = r = t
-            waiting = pending[d] - 1
-            pending[d] = waiting
-            if not waiting:
-                if r > now:
-                    env.timeout(r - now).callbacks.append(partial(launch, d))
-                else:
-                    launch(d)
-        left -= 1
-        if not left:
-            all_done.succeed()
-
-    # snapshot the roots first: an empty message arrives inside send(), which can bring another
-    # message's pending count to zero while this loop runs (it is then launched by on_arrival)
-    for m in [m for m in range(count) if not pending[m]]:
-        launch(m)
-    if count:
-        yield all_done
-    end = max([env.now] + [arrived[m] + delay for m, delay in s.tails])
-    if end > env.now:
-        yield env.timeout(end - env.now)
-    return CollectiveResult(time_s=env.now - t0, bytes_sent_per_rank=tuple(sent), num_messages=count)
+    return net.env.process(execute_schedule(net, sched, names))
 
 
 # -- prediction --------------------------------------------------------------------------------
@@ -215,7 +153,7 @@ def predict_collective(
     if (
         mode == "analytic"
         or spec.algorithm == "ideal"
-        or (mode == "auto" and _closed_form_exact(spec, topology, calibration))
+        or (mode == "auto" and closed_form_exact(spec, topology, calibration))
     ):
         return _analytic(spec, topology, calibration)
     env = simpy.Environment()
@@ -225,7 +163,8 @@ def predict_collective(
     return proc.value
 
 
-def _closed_form_exact(spec: CollectiveSpec, topo: Topology, cal: Calibration) -> bool:
+def closed_form_exact(spec: CollectiveSpec, topo: Topology, cal: Calibration) -> bool:
+    """Whether ``mode="auto"`` costs ``spec`` on ``topo`` in closed form (where that is exact)."""
     alg = spec.algorithm
     if alg == "tree" and spec.num_chunks > 1 and spec.op == "all_reduce" and cal.gamma_s_per_byte > 0:
         return False

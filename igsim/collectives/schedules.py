@@ -28,7 +28,10 @@ Schedules (p ranks, n bytes; ranks progress independently, no global barrier):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from igsim.collectives import analytic as af
 from igsim.net.topology import Topology
@@ -36,31 +39,127 @@ from igsim.net.topology import Topology
 if TYPE_CHECKING:
     from igsim.collectives.predict import CollectiveSpec
 
-__all__ = ["Dep", "Entry", "Schedule", "build_schedule", "machine_groups"]
+__all__ = ["Dep", "Entry", "Schedule", "ScheduleArrays", "build_schedule", "machine_groups", "ring_schedule"]
 
 Dep = tuple[int, float]  # (message index, compute delay after its arrival, seconds)
 
 
 class Schedule:
     """A message DAG over rank indices. Message ``m`` goes from rank ``src[m]`` to ``dst[m]``
-    carrying ``size[m]`` bytes once every ``(d, delay)`` of ``deps[m]`` holds (message ``d`` arrived
-    ``delay`` seconds ago); ``tails`` are the (message, delay) pairs that end the collective."""
+    carrying ``size[m]`` bytes once every ``(d, delay)`` of its deps holds (message ``d`` arrived
+    ``delay`` seconds ago); ``tails`` are the (message, delay) pairs that end the collective.
+
+    Built one message at a time (:meth:`send`) or a block of messages at once (:meth:`send_block`,
+    numpy arrays: a 1,024-rank ring all-reduce has two million messages); :meth:`arrays` gives the
+    whole DAG as flat arrays (dependencies in CSR form), which is what the executor reads."""
 
     def __init__(self, gamma: float):
         self.gamma = gamma
-        self.src: list[int] = []
-        self.dst: list[int] = []
-        self.size: list[float] = []
-        self.deps: list[tuple[Dep, ...]] = []
         self.tails: list[Dep] = []
+        self._blocks: list[tuple[np.ndarray, ...]] = []  # (src, dst, size, dep_count, dep_msg, dep_delay)
+        self._num = 0  # messages so far
+        self._frozen: ScheduleArrays | None = None
+        self._src: list[int] = []
+        self._dst: list[int] = []
+        self._size: list[float] = []
+        self._count: list[int] = []
+        self._dep_msg: list[int] = []
+        self._dep_delay: list[float] = []
+
+    def __len__(self) -> int:
+        return self._num
 
     def send(self, src: int, dst: int, size: float, deps: Sequence[Dep] = ()) -> int:
         """Append one message; returns its index."""
-        self.src.append(src)
-        self.dst.append(dst)
-        self.size.append(size)
-        self.deps.append(tuple(deps))
-        return len(self.src) - 1
+        self._src.append(src)
+        self._dst.append(dst)
+        self._size.append(size)
+        self._count.append(len(deps))
+        for d, delay in deps:
+            self._dep_msg.append(d)
+            self._dep_delay.append(delay)
+        self._num += 1
+        return self._num - 1
+
+    def send_block(
+        self, src: np.ndarray, dst: np.ndarray, size: np.ndarray, dep_msg: np.ndarray, dep_delay: np.ndarray
+    ) -> int:
+        """Append ``len(src)`` messages; message i depends on ``dep_msg[i, j]`` (after
+        ``dep_delay[i, j]`` seconds) for every j. Returns the index of the first one."""
+        self._flush()
+        first = self._num
+        n = len(src)
+        width = dep_msg.shape[1] if dep_msg.ndim == 2 else 0
+        self._blocks.append((
+            np.asarray(src, dtype=np.int32), np.asarray(dst, dtype=np.int32),
+            np.broadcast_to(np.asarray(size, dtype=np.float64), (n,)),
+            np.full(n, width, dtype=np.int32), np.asarray(dep_msg, dtype=np.int64).reshape(-1),
+            np.broadcast_to(np.asarray(dep_delay, dtype=np.float64), (n, width)).reshape(-1),
+        ))  # fmt: skip
+        self._num += n
+        return first
+
+    def _flush(self) -> None:
+        if not self._src:
+            return
+        self._blocks.append((
+            np.array(self._src, dtype=np.int32), np.array(self._dst, dtype=np.int32),
+            np.array(self._size, dtype=np.float64), np.array(self._count, dtype=np.int32),
+            np.array(self._dep_msg, dtype=np.int64), np.array(self._dep_delay, dtype=np.float64),
+        ))  # fmt: skip
+        for part in (self._src, self._dst, self._size, self._count, self._dep_msg, self._dep_delay):
+            part.clear()
+
+    def arrays(self) -> ScheduleArrays:
+        """The whole DAG as flat arrays (see :class:`ScheduleArrays`). Built once: the blocks
+        are released, and messages appended later start a new DAG (an error, by assertion)."""
+        self._flush()
+        if self._frozen is not None:
+            assert not self._blocks, "messages appended after arrays()"
+            return self._frozen
+        self._frozen = self._concatenate()
+        self._blocks = []
+        return self._frozen
+
+    def _concatenate(self) -> ScheduleArrays:
+        tails = tuple(self.tails)
+        if not self._blocks:
+            empty_i, empty_f = np.zeros(0, dtype=np.int64), np.zeros(0)
+            return ScheduleArrays(src=empty_i, dst=empty_i, size=empty_f, dep_ptr=np.zeros(1, dtype=np.int64),
+                                  dep_msg=empty_i, dep_delay=empty_f, tails=tails)  # fmt: skip
+        cols = [np.concatenate(c) if len(self._blocks) > 1 else np.ascontiguousarray(c[0]) for c in zip(*self._blocks)]
+        src, dst, size, count, dep_msg, dep_delay = cols
+        ptr = np.zeros(len(src) + 1, dtype=np.int64)
+        np.cumsum(count, out=ptr[1:])
+        return ScheduleArrays(src=src, dst=dst, size=size, dep_ptr=ptr, dep_msg=dep_msg, dep_delay=dep_delay,
+                              tails=tails)  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ScheduleArrays:
+    """A schedule as flat arrays: message m goes ``src[m] -> dst[m]`` with ``size[m]`` bytes and
+    depends on ``dep_msg[dep_ptr[m]:dep_ptr[m+1]]`` (with the matching ``dep_delay``)."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    size: np.ndarray
+    dep_ptr: np.ndarray
+    dep_msg: np.ndarray
+    dep_delay: np.ndarray
+    tails: tuple[Dep, ...]
+
+    @property
+    def num_messages(self) -> int:
+        return len(self.src)
+
+    def dependents(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The inverse CSR: message m enables ``target[ptr[m]:ptr[m+1]]`` after ``delay[...]``."""
+        m = len(self.src)
+        owner = np.repeat(np.arange(m, dtype=np.int64), np.diff(self.dep_ptr))
+        order = np.argsort(self.dep_msg, kind="stable")
+        ptr = np.zeros(m + 1, dtype=np.int64)
+        np.cumsum(np.bincount(self.dep_msg, minlength=m), out=ptr[1:])
+        return ptr, owner[order], self.dep_delay[order]
 
 
 Entry = dict[int, list[Dep]]  # rank -> what its first send of a phase waits for
@@ -74,33 +173,82 @@ def _ring(
     q = len(group)
     if q == 1 or steps == 0:
         return {r: list(entry.get(r, [])) for r in group}
-    prev: list[int] = []
-    for t in range(steps):
-        cur = []
-        red = s.gamma * chunk if t - 1 < reduce_steps else 0.0
-        for k, r in enumerate(group):
-            deps = list(entry.get(r, [])) if t == 0 else [(prev[k], 0.0), (prev[k - 1], red)]
-            cur.append(s.send(r, group[(k + 1) % q], chunk, deps))
-        prev = cur
-    red = s.gamma * chunk if steps <= reduce_steps else 0.0
-    return {r: [(prev[k], 0.0), (prev[k - 1], red)] for k, r in enumerate(group)}
+    base = len(s)
+    for k, r in enumerate(group):  # step 0 waits for the phase's entry
+        s.send(r, group[(k + 1) % q], chunk, entry.get(r, []))
+    reduced = s.gamma * chunk
+    if steps > 1:  # step t >= 1: message base + t q + k after (t-1, k) and (t-1, k-1), in one block
+        g = np.asarray(group, dtype=np.int64)
+        t = np.repeat(np.arange(1, steps, dtype=np.int64), q)
+        k = np.tile(np.arange(q, dtype=np.int64), steps - 1)
+        prev = base + (t - 1) * q
+        deps = np.stack([prev + k, prev + (k - 1) % q], axis=1)
+        delays = np.zeros((len(t), 2))
+        delays[:, 1] = np.where(t - 1 < reduce_steps, reduced, 0.0)
+        s.send_block(g[k], g[(k + 1) % q], np.float64(chunk), deps, delays)
+    last = base + (steps - 1) * q
+    red = reduced if steps <= reduce_steps else 0.0
+    return {r: [(last + k, 0.0), (last + (k - 1) % q, red)] for k, r in enumerate(group)}
+
+
+def ring_schedule(p: int, chunk: float, *, steps: int, reduce_steps: int, gamma: float) -> Schedule:
+    """``steps`` ring steps among ranks 0..p-1 (rank k sends ``chunk`` bytes to k + 1 in every
+    step), the chunks received in the first ``reduce_steps`` steps reduced at ``gamma`` s/byte:
+    the schedule of a ring all-reduce (2(p-1) steps, p-1 reduced), all-gather (p-1, none),
+    reduce-scatter (p-1, p-1) or equal-payload sparse all-gather, or a prefix of one."""
+    s = Schedule(gamma)
+    ex = _ring(s, list(range(p)), chunk, steps, reduce_steps, {})
+    s.tails = [d for deps in ex.values() for d in deps]
+    return s
+
+
+def _ring_allgatherv(s: Schedule, sizes: Sequence[float]) -> Entry:
+    """The ring all-gatherv: in step t rank k forwards block (k - t) mod p to k + 1, once it has
+    sent step t - 1 and received that block."""
+    p = len(sizes)
+    if p < 2:
+        return {}
+    size = np.asarray(sizes, dtype=np.float64)
+    t = np.repeat(np.arange(p - 1, dtype=np.int64), p)
+    k = np.tile(np.arange(p, dtype=np.int64), p - 1)
+    base = len(s)
+    for j in range(p):  # step 0: every rank sends its own block
+        s.send(j, (j + 1) % p, float(size[j]))
+    if p > 2:
+        t, k = t[p:], k[p:]
+        prev = base + (t - 1) * p
+        deps = np.stack([prev + k, prev + (k - 1) % p], axis=1)
+        s.send_block(k, (k + 1) % p, size[(k - t) % p], deps, np.zeros(deps.shape))
+    last = base + (p - 2) * p
+    return {j: [(last + j, 0.0), (last + (j - 1) % p, 0.0)] for j in range(p)}
 
 
 def _exchange(s: Schedule, p: int, rounds: Sequence[tuple[int, float, bool]], entry: Entry) -> Entry:
-    """Pairwise exchange rounds (partner = i xor mask, ``size`` bytes each way, reduce or not)."""
-    last_send: dict[int, int] = {}
-    last_recv: dict[int, Dep] = {}
-    for mask, size, reduce in rounds:
-        msgs = {}
-        for i in range(p):
-            deps = [(last_send[i], 0.0), last_recv[i]] if i in last_send else list(entry.get(i, []))
-            msgs[i] = s.send(i, i ^ mask, size, deps)
-        for i in range(p):
-            last_send[i] = msgs[i]
-            last_recv[i] = (msgs[i ^ mask], s.gamma * size if reduce else 0.0)
-    return {
-        i: [(last_send[i], 0.0), last_recv[i]] if i in last_send else list(entry.get(i, [])) for i in range(p)
-    }
+    """Pairwise exchange rounds (partner = i xor mask, ``size`` bytes each way, reduce or not);
+    round r's message from i waits for i's round r-1 send and its receive from i's partner then.
+    The first round waits for ``entry``; the later ones go in as one block of arrays."""
+    if not rounds:
+        return {i: list(entry.get(i, [])) for i in range(p)}
+    ranks = np.arange(p, dtype=np.int64)
+    mask, size, _ = rounds[0]
+    base = len(s)
+    for i in range(p):
+        s.send(i, i ^ mask, size, entry.get(i, []))
+    if len(rounds) > 1:
+        prev_base = base + p * np.arange(len(rounds) - 1, dtype=np.int64)  # round r-1's first message
+        prev_mask = np.array([m for m, _, _ in rounds[:-1]], dtype=np.int64)
+        prev_red = np.array([s.gamma * z if red else 0.0 for _, z, red in rounds[:-1]])
+        masks = np.array([m for m, _, _ in rounds[1:]], dtype=np.int64)
+        sizes = np.array([z for _, z, _ in rounds[1:]])
+        i = np.tile(ranks, len(rounds) - 1)
+        r = np.repeat(np.arange(len(rounds) - 1), p)
+        deps = np.stack([prev_base[r] + i, prev_base[r] + (i ^ prev_mask[r])], axis=1)
+        delays = np.stack([np.zeros(len(i)), prev_red[r]], axis=1)
+        s.send_block(i, i ^ masks[r], sizes[r], deps, delays)
+    last = base + p * (len(rounds) - 1)
+    mask, size, red = rounds[-1]
+    delay = s.gamma * size if red else 0.0
+    return {i: [(last + i, 0.0), (last + (i ^ mask), delay)] for i in range(p)}
 
 
 def _binomial_reduce(s: Schedule, p: int, n: float, entry: Entry) -> Entry:
@@ -194,7 +342,7 @@ def _direct(s: Schedule, p: int, chunk_of, entry: Entry, *, reduce: bool) -> Ent
             sent[i].append(m)
     exit_: Entry = {}
     for i in range(p):
-        red = s.gamma * sum(chunk_of(s.src[m]) for m in got[i]) if reduce else 0.0
+        red = s.gamma * sum(chunk_of((i - d) % p) for d in range(1, p)) if reduce else 0.0
         exit_[i] = [(m, red) for m in got[i]] + [(m, 0.0) for m in sent[i]] or list(entry.get(i, []))
     return exit_
 
@@ -237,15 +385,8 @@ def build_schedule(
             ex = _direct(s, p, lambda i: sizes[i], {}, reduce=False)
         elif alg == "padded":
             ex = _ring(s, everyone, max(sizes), p - 1, 0, {})
-        else:  # ring all-gatherv: step t, rank k forwards block (k - t) mod p
-            prev: list[int] = []
-            for t in range(p - 1):
-                cur = []
-                for k in range(p):
-                    deps = [] if t == 0 else [(prev[k], 0.0), (prev[k - 1], 0.0)]
-                    cur.append(s.send(k, (k + 1) % p, sizes[(k - t) % p], deps))
-                prev = cur
-            ex = {k: [(prev[k], 0.0), (prev[k - 1], 0.0)] for k in range(p)} if p > 1 else {}
+        else:
+            ex = _ring_allgatherv(s, sizes)
     elif op == "broadcast":
         order = [(spec.root + i) % p for i in range(p)]
         if alg == "ring":  # pipelined chain: position k forwards chunk j to k + 1

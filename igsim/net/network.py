@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from typing import Any
 
 import simpy
 
@@ -48,17 +48,21 @@ _LATE = 2  # runs after every NORMAL (1) and URGENT (0) event scheduled for the 
 # needs ``callbacks`` (called with the event) and ``_ok``. Each is scheduled exactly where a
 # Timeout used to be, so the event order, and every result, is unchanged. None of them is ever
 # handed out (``transfer`` returns a real simpy event), so nothing else adds callbacks to them.
+# The two hottest schedule calls are inlined: ``heappush(env._queue, (env._now + delay,
+# priority, next(env._eid), event))`` is simpy 4's ``Environment.schedule`` (a test checks it).
+heappush = heapq.heappush
 
 
 class _Flow:
-    """One message. Scheduled as an event itself for the end of its latency (``callbacks``); a
-    flow once bytes move (``fid`` set, ``rate`` > 0)."""
+    """One message. Scheduled as an event itself for the end of its latency (``callbacks``), and
+    again for its end when it gets its first rate alone on its links; a flow once bytes move
+    (``fid`` set, ``rate`` > 0). On arrival ``done(tag)`` is called."""
 
     __slots__ = ("callbacks", "cap", "done", "dst", "fid", "last_s", "links", "rate", "remaining", "size",
-                 "src", "version")  # fmt: skip
+                 "src", "tag", "version")  # fmt: skip
     _ok = True
 
-    def __init__(self, src: str, dst: str, path: tuple, size: float, done: Callable[[], object]):
+    def __init__(self, src: str, dst: str, path: tuple, size: float, done: Callable[[Any], object], tag: Any):
         self.src = src
         self.dst = dst
         self.links, _, self.cap = path  # cap: the bottleneck capacity, its rate when alone
@@ -68,6 +72,7 @@ class _Flow:
         self.last_s = 0.0
         self.version = 0
         self.done = done
+        self.tag = tag
         self.fid = -1
 
 
@@ -131,6 +136,7 @@ class Network:
         self._next_fid = 0
         self._start_cb = (self._start,)
         self._finish_cb = (self._finish,)
+        self._finish_alone_cb = (self._finish_alone,)
         self._recompute_cb = (self._recompute,)
         self._recompute_event = _Recompute()  # at most one is pending at a time: reused
         self.num_messages = 0
@@ -158,6 +164,14 @@ class Network:
             r = self._routes[key] = (links, alpha, cap)
         return r
 
+    def link_capacity_bytes_per_s(self, link: int) -> float:
+        """The capacity of directed link ``link`` (an index of :meth:`route`), calibrated."""
+        return self._capacity[link]
+
+    def link_name(self, link: int) -> tuple[str, str]:
+        """The ``(u, v)`` of directed link ``link``."""
+        return self._link_names[link]
+
     def path_alpha_s(self, src: str, dst: str) -> float:
         """Latency a message pays before its bytes flow: path latency + calibration alpha."""
         return self.route(src, dst)[1]
@@ -175,37 +189,55 @@ class Network:
         arrives at once.
         """
         done = self.env.event()
-        self.send(src, dst, size_bytes, partial(done.succeed, size_bytes))
+        if size_bytes < 0:
+            raise ValueError(f"transfer {src}->{dst}: size_bytes={size_bytes!r} must be >= 0")
+        if not self.start(self._routes.get((src, dst)) or self._route(src, dst), float(size_bytes),
+                          done.succeed, size_bytes, src, dst):  # fmt: skip
+            done.succeed(size_bytes)
         return done
 
     def send(self, src: str, dst: str, size_bytes: float, on_arrival: Callable[[], object]) -> None:
         """Like :meth:`transfer`, but calls ``on_arrival()`` at arrival instead of triggering an
-        event (one simpy event less per message; used by the collective schedules)."""
+        event (one simpy event less per message)."""
         if size_bytes < 0:
             raise ValueError(f"transfer {src}->{dst}: size_bytes={size_bytes!r} must be >= 0")
         path = self._routes.get((src, dst)) or self._route(src, dst)
-        links, alpha, _ = path
-        self.num_messages += 1
-        if not links or (size_bytes == 0 and alpha == 0):
+        if not self.start(path, float(size_bytes), _call, on_arrival, src, dst):
             on_arrival()
-            return
-        flow = _Flow(src, dst, path, float(size_bytes), on_arrival)
+
+    def path_handle(self, src: str, dst: str) -> tuple:
+        """The cached route of ``src -> dst``, opaque: what :meth:`start` takes."""
+        return self._routes.get((src, dst)) or self._route(src, dst)
+
+    def start(self, path: tuple, size: float, done: Callable[[Any], object], tag: Any,
+              src: str = "", dst: str = "") -> bool:  # fmt: skip
+        """The hot path of :meth:`send`: a message of ``size`` bytes (a float >= 0, unchecked) over
+        ``path`` (from :meth:`path_handle`); ``done(tag)`` is called on arrival. Returns False,
+        without calling ``done``, when the message arrives at once (no links, or nothing to wait
+        for); the caller handles that arrival itself (no recursion through long chains of empty
+        messages). ``src`` and ``dst`` only label the flow for :meth:`flows`."""
+        self.num_messages += 1
+        links, alpha, _ = path
+        if not links or (size == 0 and alpha == 0):
+            return False
+        flow = _Flow(src, dst, path, size, done, tag)
         if alpha > 0:
             flow.callbacks = self._start_cb
-            self.env.schedule(flow, _NORMAL, alpha)
+            env = self.env
+            heappush(env._queue, (env._now + alpha, _NORMAL, next(env._eid), flow))  # = env.schedule
         else:
             self._start(flow)
+        return True
 
     def _start(self, flow: _Flow) -> None:
         """The latency is over: the message's bytes start to flow (or it arrives, if empty)."""
         size = flow.size
         if size == 0:
-            flow.done()
+            flow.done(flow.tag)
             return
         fid = flow.fid = self._next_fid
         self._next_fid = fid + 1
-        env = self.env
-        flow.last_s = env.now
+        flow.last_s = self.env.now
         self._num_active += 1
         on_link = self._on_link
         links = flow.links
@@ -215,18 +247,21 @@ class Network:
                     on_link[lj][fid] = flow
                 self._mark(links)
                 return
-        # alone on every link: its rate is its bottleneck capacity, no recomputation needed
+        # alone on every link: its rate is its bottleneck capacity, no recomputation needed; the
+        # flow itself is the event of its end (it is in the event queue at most once at a time)
         for li in links:
             on_link[li][fid] = flow
         rate = flow.rate = flow.cap
         flow.version = 1
         self.num_rate_updates += 1
-        env.schedule(_Finish(self._finish_cb, flow, 1), _NORMAL, size / rate)
+        flow.callbacks = self._finish_alone_cb
+        env = self.env
+        heappush(env._queue, (env._now + size / rate, _NORMAL, next(env._eid), flow))  # = env.schedule
 
-    def _finish(self, event: _Finish) -> None:
-        flow = event.flow
-        if flow.version != event.version:
-            return  # superseded by a rate change
+    def _finish_alone(self, flow: _Flow) -> None:
+        """The end of a flow that started alone (:meth:`_arrive`, inlined: the hot path)."""
+        if flow.version != 1:
+            return
         fid = flow.fid
         self._num_active -= 1
         on_link = self._on_link
@@ -238,9 +273,33 @@ class Network:
                 shared = True
         self.bytes_delivered += flow.size
         flow.rate = 0.0
+        flow.version = -1
         if shared:
             self._mark(flow.links)
-        flow.done()
+        flow.done(flow.tag)
+
+    def _finish(self, event: _Finish) -> None:
+        flow = event.flow
+        if flow.version == event.version:
+            self._arrive(flow)
+        # else: superseded by a rate change
+
+    def _arrive(self, flow: _Flow) -> None:
+        fid = flow.fid
+        self._num_active -= 1
+        on_link = self._on_link
+        shared = False
+        for li in flow.links:
+            on = on_link[li]
+            del on[fid]
+            if on:
+                shared = True
+        self.bytes_delivered += flow.size
+        flow.rate = 0.0
+        flow.version = -1
+        if shared:
+            self._mark(flow.links)
+        flow.done(flow.tag)
 
     def _mark(self, links: tuple[int, ...]) -> None:
         self._dirty.update(links)
@@ -265,8 +324,8 @@ class Network:
         else:
             rates = self._fill(flows, links)
         env = self.env
-        now = env.now
-        schedule, finish_cb = env.schedule, self._finish_cb
+        now = env._now
+        queue, eid, finish_cb = env._queue, env._eid, self._finish_cb
         updates = 0
         for flow in flows:
             new = rates[flow.fid]
@@ -275,11 +334,12 @@ class Network:
                 continue
             updates += 1
             if old:
-                flow.remaining = max(0.0, flow.remaining - old * (now - flow.last_s))
+                left = flow.remaining - old * (now - flow.last_s)
+                flow.remaining = left if left > 0.0 else 0.0
             flow.last_s = now
             flow.rate = new
             version = flow.version = flow.version + 1
-            schedule(_Finish(finish_cb, flow, version), _NORMAL, flow.remaining / new)
+            heappush(queue, (now + flow.remaining / new, _NORMAL, next(eid), _Finish(finish_cb, flow, version)))
         self.num_rate_updates += updates
 
     def _component(self, links: set[int]) -> tuple[list[_Flow], set[int]]:
@@ -380,3 +440,7 @@ class Network:
             if on:
                 out[self._link_names[li]] = (sum(f.rate for f in on.values()), self._capacity[li])
         return out
+
+
+def _call(function: Callable[[], object]) -> object:
+    return function()
