@@ -21,6 +21,7 @@ import simpy
 
 from igsim.collectives import analytic as af
 from igsim.collectives.execute import CollectiveResult, execute_schedule
+from igsim.collectives.rings import ring_terms
 from igsim.collectives.schedules import build_schedule, machine_groups
 from igsim.net.calibration import Calibration
 from igsim.net.network import Network
@@ -136,7 +137,9 @@ def predict_collective(
     ``mode``: ``flow`` simulates the schedule in a fresh simpy environment; ``analytic`` uses the
     closed form with α and B taken from the topology (exact on a uniform star, on a uniform ring
     for ring schedules and on an unmodified two-level cluster for ``hierarchical``; an estimate
-    elsewhere); ``auto`` uses the closed form exactly where it is exact, else the flow mode.
+    elsewhere, for ring schedules the contention-aware α* and B* of
+    :mod:`igsim.collectives.rings`: an upper bound everywhere, exact where its certificate holds);
+    ``auto`` uses the closed form exactly where it is exact, else the flow mode.
     ``ideal`` is always analytic.
 
     >>> from igsim.net.topology import star
@@ -177,13 +180,22 @@ def closed_form_exact(spec: CollectiveSpec, topo: Topology, cal: Calibration) ->
     return topo.uniform_ring() is not None and alg in ("ring", "padded")
 
 
-def _alpha_bandwidth(topo: Topology, cal: Calibration) -> tuple[float, float]:
-    """(α, B) for the closed forms: the largest α and smallest capacity over ring-neighbour paths."""
+def _is_ring(spec: CollectiveSpec) -> bool:
+    return spec.algorithm in ("ring", "padded") and spec.op != "broadcast"
+
+
+def _alpha_bandwidth(topo: Topology, cal: Calibration, *, ring: bool = False) -> tuple[float, float]:
+    """(α, B) for the closed forms: on a uniform star or ring its links'; elsewhere, for a ring
+    schedule (``ring``), α* and B* of :func:`igsim.collectives.rings.ring_terms` (the fair share
+    of the most shared link), else the largest α and smallest capacity over ring-neighbour paths."""
     uni = topo.uniform_star() or topo.uniform_ring()
     if uni is not None:
         lat, bw, cls = uni
         hops = 2 if topo.uniform_star() is not None else 1
         return hops * lat + cal.for_class(cls).alpha_s, cal.capacity_bytes_per_s(cls, bw)
+    if ring:
+        terms = ring_terms(topo, cal)
+        return terms.alpha_s, terms.bandwidth_bytes_per_s
     net = Network(simpy.Environment(), topo, calibration=cal)
     pairs = [(r, topo.ranks[(i + 1) % topo.num_ranks]) for i, r in enumerate(topo.ranks)]
     pairs = [(a, b) for a, b in pairs if a != b]
@@ -238,7 +250,7 @@ def _analytic(spec: CollectiveSpec, topo: Topology, cal: Calibration) -> Collect
             **_hierarchical_terms(topo, cal),
         )
     else:
-        alpha, bw = _alpha_bandwidth(topo, cal)
+        alpha, bw = _alpha_bandwidth(topo, cal, ring=_is_ring(spec))
         t = _closed_form(spec, p, alpha, bw, gamma)
     sent, count = af.collective_traffic(
         op=spec.op,

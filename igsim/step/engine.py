@@ -144,9 +144,7 @@ class _Run:
         )  # fmt: skip
         self.costs = CostCache(
             topology=topology, calibration=calibration, mode=mode, world_size=p,
-            dense_algorithm=algorithms[0], sparse_algorithm=algorithms[1],
-            affine=exact_costs is False
-            and (mode == "analytic" or (mode == "auto" and _uniform_star(topology) and calibration is None)),
+            dense_algorithm=algorithms[0], sparse_algorithm=algorithms[1], exact=bool(exact_costs),
         )  # fmt: skip
         self.algorithms = algorithms
         self.per_rank_k = self.k_matrix.ndim == 3
@@ -252,16 +250,12 @@ class _Run:
                 "seed": self.seed,
                 "jitter": None if self.jitter is None else vars(self.jitter).copy(),
                 "num_collective_evaluations": self.costs.num_evaluations,
+                "collective_costs": self.costs.methods(),
             },
         )
 
 
 _TALLY_FIELDS = ("values_bytes", "indices_bytes", "dense_bytes", "metadata_bytes", "num_collectives")
-
-
-def _uniform_star(topology: Any) -> bool:
-    check = getattr(topology, "uniform_star", None)
-    return bool(check is not None and check() is not None)
 
 
 def _mix(a: int, b: int) -> int:
