@@ -2,10 +2,14 @@
 
     igsim sweep --trace DIR | --model NAME [--plan plan.json]
                 --policies dense,topk,importance --bandwidths 1Gbps,10Gbps,100Gbps --ranks 8,64,512
-                [--steps 20] [--workers 2] [--png sweep.png] [--csv sweep.csv]
+                [--steps 20] [--workers 2] [--executor process|ray [--address auto]]
+                [--png sweep.png] [--csv sweep.csv]
 
 With ``--trace`` and no ``--plan``, the importance policy uses a plan profiled from the same trace
-(knee threshold), and a note says so.
+(knee threshold), and a note says so. ``--executor ray`` runs the points as Ray tasks (the
+optional extra ``pip install -e '.[ray]'``): on a local cluster of ``--workers`` CPUs, or on the
+cluster at ``--address`` (``auto``: the one ``ray start`` made on this machine). The rows are the
+same as the local pool's. ``--workers`` is capped at the CPUs available (a note says so).
 """
 
 from __future__ import annotations
@@ -17,7 +21,14 @@ from igpolicy.plan import SyncPlan
 from igpolicy.units import parse_bandwidth, parse_time
 from igsim.cli.options import add_policy_arguments, make_config, make_workload, plan_for
 from igsim.step.engine import MODES
-from igsim.studies.sweep import format_sweep_table, plot_sweep, run_sweep, write_sweep_csv
+from igsim.studies.sweep import (
+    EXECUTORS,
+    available_cpus,
+    format_sweep_table,
+    plot_sweep,
+    run_sweep,
+    write_sweep_csv,
+)
 
 __all__ = ["add_arguments", "parse_list", "run"]
 
@@ -39,7 +50,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mode", default="auto", choices=MODES)
-    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument(
+        "--workers", type=int, default=2, help="parallel runs, at most the CPUs available (default 2)"
+    )
+    p.add_argument("--executor", default="process", choices=EXECUTORS,
+                   help="process: a local pool (default); ray: Ray tasks (pip install -e '.[ray]')")  # fmt: skip
+    p.add_argument("--address", default=None,
+                   help="with --executor ray: the cluster to join (e.g. auto); default: start a local one")  # fmt: skip
     p.add_argument("--png", help="write the plot here")
     p.add_argument("--csv", help="write one line per point here")
     p.add_argument("--no-progress", action="store_true")
@@ -66,6 +83,14 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--ranks {args.ranks!r}: world sizes must be >= 1")
     if args.steps < 1:
         raise ValueError(f"--steps {args.steps}: must be >= 1")
+    if args.workers < 1:
+        raise ValueError(f"--workers {args.workers}: must be >= 1")
+    if args.address is not None and args.executor != "ray":
+        raise ValueError("--address needs --executor ray")
+    if args.executor == "process" and args.workers > available_cpus():
+        print(
+            f"note: --workers {args.workers} > the {available_cpus()} CPUs available here: using {available_cpus()}"
+        )
     workload = make_workload(args)
     config = make_config(args, workload=workload)
     plan = SyncPlan.load(args.plan) if args.plan else None
@@ -95,8 +120,10 @@ def run(args: argparse.Namespace) -> int:
         mode=args.mode,
         max_workers=args.workers,
         progress=not args.no_progress,
+        executor=args.executor,
+        address=args.address,
     )
-    print(f"workload {workload.name}: {len(rows)} runs of {args.steps} steps")
+    print(f"workload {workload.name}: {len(rows)} runs of {args.steps} steps ({args.executor})")
     print(format_sweep_table(rows))
     if args.csv:
         print(f"wrote {write_sweep_csv(rows, args.csv)}")

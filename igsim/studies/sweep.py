@@ -1,15 +1,20 @@
 """Sweeps: bandwidths x world sizes x policies, simulated in parallel, as a table, CSV and plot.
 
 Each point is one :func:`igsim.step.engine.simulate` run on a star topology (every rank on its own link of
-the given bandwidth to one switch), reduced to its summary. Points run in a process pool; the
-result does not depend on the number of workers (every run is deterministic).
+the given bandwidth to one switch), reduced to its summary. Points run in a local process pool
+(``executor="process"``) or as tasks on a Ray cluster (``executor="ray"``: the optional extra
+``pip install -e '.[ray]'``; a local cluster, or an existing one at ``address``, e.g. ``"auto"``).
+Either way results stream back as points finish (a progress bar, and ``on_row`` per point), and
+the rows do not depend on the executor or the number of workers (every run is deterministic).
+The workers are bounded by the CPUs available: this machine's for the pool, the cluster's for Ray.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +25,17 @@ from igpolicy.plan import SyncPlan
 from igpolicy.units import format_bandwidth, format_bytes, format_time
 from igsim.step.workload import Workload
 
-__all__ = ["SweepPoint", "format_sweep_table", "plot_sweep", "run_sweep", "write_sweep_csv"]
+__all__ = [
+    "EXECUTORS",
+    "SweepPoint",
+    "available_cpus",
+    "format_sweep_table",
+    "plot_sweep",
+    "run_sweep",
+    "write_sweep_csv",
+]
+
+EXECUTORS = ("process", "ray")
 
 CSV_COLUMNS = (
     "policy",
@@ -91,6 +106,14 @@ def _run_point(
     return row
 
 
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def run_sweep(
     *,
     workload: Workload,
@@ -105,40 +128,49 @@ def run_sweep(
     mode: str = "auto",
     max_workers: int = 2,
     progress: bool = True,
+    executor: str = "process",
+    address: str | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Simulate every (policy, world size, bandwidth); rows sorted by (world size, bandwidth, policy).
 
     ``config`` supplies everything but the policy. Each row holds the point and the run's
     :meth:`SimResult.summary`, plus ``speedup_vs_dense`` (dense mean step time / this one) when
-    ``dense`` is among the policies. ``max_workers=1`` runs in this process. A tqdm bar shows
-    progress on stderr when ``progress``.
+    ``dense`` is among the policies. ``executor``: ``process`` (a pool of ``max_workers``
+    processes, capped at :func:`available_cpus`; ``max_workers=1`` runs in this process) or
+    ``ray`` (one task per point, at most ``max_workers`` in flight, capped at the cluster's CPUs;
+    a local cluster of ``max_workers`` CPUs unless Ray is already initialised or ``address`` names
+    a cluster). ``on_row`` is called with each row as its point finishes (in completion order); a
+    tqdm bar shows progress on stderr when ``progress``. The rows are the same for every executor
+    and worker count.
+
+    Raises ValueError for empty lists, ``importance`` without a plan, an unknown executor, or
+    ``ray`` when Ray is not installed.
     """
     if not policies or not bandwidths_bytes_per_s or not world_sizes:
         raise ValueError("sweep: policies, bandwidths and world sizes must each name at least one value")
     if "importance" in policies and plan is None:
         raise ValueError("sweep: policy 'importance' needs a plan")
+    if executor not in EXECUTORS:
+        raise ValueError(f"sweep: executor {executor!r} is not one of {', '.join(EXECUTORS)}")
+    if int(max_workers) < 1:
+        raise ValueError(f"sweep: max_workers={max_workers!r} must be >= 1")
     points = [
         SweepPoint(policy=p, world_size=int(w), bandwidth_bytes_per_s=float(b), latency_s=float(latency_s))
         for w in world_sizes
         for b in bandwidths_bytes_per_s
         for p in policies
     ]
+    args = (workload, plan, config, num_steps, seed, mode)
+    run = _ray_rows if executor == "ray" else _pool_rows
     bar = _bar(len(points), progress)
     rows: list[dict[str, Any]] = []
     try:
-        if max_workers <= 1:
-            for point in points:
-                rows.append(_run_point(point, workload, plan, config, num_steps, seed, mode))
-                bar.update(1)
-        else:
-            with ProcessPoolExecutor(max_workers=max_workers) as pool:
-                futures = [
-                    pool.submit(_run_point, point, workload, plan, config, num_steps, seed, mode)
-                    for point in points
-                ]
-                for fut in as_completed(futures):
-                    rows.append(fut.result())
-                    bar.update(1)
+        for row in run(points, args, int(max_workers), address):
+            rows.append(row)
+            bar.update(1)
+            if on_row is not None:
+                on_row(row)
     finally:
         bar.close()
     order = {p: i for i, p in enumerate(policies)}
@@ -152,6 +184,49 @@ def run_sweep(
         base = dense.get((r["world_size"], r["bandwidth_bytes_per_s"]))
         r["speedup_vs_dense"] = base / r["step_s_mean"] if base and r["step_s_mean"] > 0 else float("nan")
     return rows
+
+
+def _pool_rows(points: list[SweepPoint], args: tuple, workers: int, _address: str | None) -> Iterator[dict]:
+    workers = min(workers, available_cpus(), len(points))
+    if workers <= 1:
+        for point in points:
+            yield _run_point(point, *args)
+        return
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(_run_point, point, *args) for point in points]
+        for fut in as_completed(futures):
+            yield fut.result()
+
+
+def _ray_rows(points: list[SweepPoint], args: tuple, workers: int, address: str | None) -> Iterator[dict]:
+    """One Ray task per point, at most ``workers`` (and the cluster's CPUs) in flight, results
+    collected as they finish; the shared inputs go to the object store once."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError(
+            "sweep: executor 'ray' needs Ray, an optional extra: pip install -e '.[ray]'"
+        ) from None
+    started = not ray.is_initialized()
+    if started:
+        if address is None:
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(address=address, log_to_driver=False)
+    try:
+        workers = max(1, min(workers, int(ray.cluster_resources().get("CPU", 1)), len(points)))
+        task = ray.remote(num_cpus=1)(_run_point)
+        shared = [ray.put(a) for a in args]
+        todo = list(points)
+        running = []
+        while todo or running:
+            while todo and len(running) < workers:
+                running.append(task.remote(todo.pop(0), *shared))
+            done, running = ray.wait(running, num_returns=1)
+            yield ray.get(done[0])
+    finally:
+        if started:
+            ray.shutdown()
 
 
 class _NoBar:
