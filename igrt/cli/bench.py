@@ -1,26 +1,50 @@
-"""``igrt bench``: the synchronizer's overhead table on a reference workload, real gloo ranks.
+"""``igrt bench``: the synchronizer against PyTorch's DDP and its comm hooks, one table, real ranks.
 
     igrt bench --workload minilm --steps 12 --nproc 2
 
-Every policy (dense, topk + error feedback, adtopk + error feedback, importance) trains the same
-model from the same initial weights on the same data for ``--steps`` steps through
-:func:`igrt.train.loop.train_on_rank`; the first step is left out of the times. The importance plan is
-profiled with :mod:`igpolicy.profile` from ``--trace``, else from the shipped sample trace of the
-workload (when it has recorded parts), else from a short recording made here with
-:class:`igrt.trace.recorder.TraceRecorder` (``--record-steps``). Columns (means per rank and step):
+Every method trains the same model from the same initial weights on the same data for ``--steps``
+steps, one after another in the same ``--nproc`` processes (one process set, one table); the first
+``--warmup`` steps (default 2) are left out of the times and bytes. The methods:
 
-- step: wall time of a whole step (slowest rank); sparsifier: the ``select`` phase (u = g + e,
-  selection by magnitude, residual update); overhead: the synchronizer's own work on top of the
-  sparsifier and the wire (decide, hold, pack, scatter = sync − select − comm), as % of the step;
-- bytes/step: values + indices + dense + metadata handed to collectives; × topk: ratio to topk+EF;
-  peak/median: the largest step's bytes over the median step's; imbalance: max/mean bucket bytes.
+- PyTorch's own (:data:`PEERS`): ``ddp`` (``DistributedDataParallel``, its built-in all-reduce),
+  ``allreduce`` and ``fp16`` (DDP with the ``allreduce_hook`` / ``fp16_compress_hook`` comm hooks),
+  ``powersgd1`` .. ``powersgd4`` (``powerSGD_hook`` of that rank, error feedback and warm start as
+  PyTorch's defaults, ``start_powerSGD_iter=2``: the warm-up steps are its vanilla all-reduce).
+  DDP's default buckets, except for PowerSGD: one bucket (``bucket_cap_mb`` above the model). With
+  several buckets the hook issues its P and Q all-reduces from future callbacks while DDP's
+  autograd thread issues the next bucket's, so the collective order differs between ranks and gloo
+  aborts on the first mismatch (``op.preamble.length <= op.nbytes``; see docs/benchmarks.md).
+- ours (:data:`BENCH_POLICIES`, through :func:`igrt.train.loop.train_on_rank`, after backward):
+  ``topk`` and ``adtopk`` with error feedback, ``importance``, and ``dense`` (the Synchronizer's
+  plain average). The importance plan is profiled with :mod:`igpolicy.profile` from ``--trace``,
+  else from the shipped sample trace of the workload (when it has recorded parts), else from a
+  short recording made here with :class:`igrt.trace.recorder.TraceRecorder` (``--record-steps``).
+
+Columns (means per rank and timed step):
+
+- bytes/step: what the rank hands to collectives, before any algorithm's replication. Ours:
+  values + indices + dense + metadata (the Synchronizer's counters). PyTorch's hooks: the bytes of
+  every tensor passed to ``torch.distributed.all_reduce`` while the method runs (counted by a
+  wrapper around that function, the only collective the hooks call). ``ddp``: its gradient buckets
+  (every trainable parameter's gradient), as its C++ reducer all-reduces them.
+- step: wall time of a whole step (slowest rank); own: the method's own work, no wire. Ours: the
+  Synchronizer's ``sync − comm`` (selection, packing, bookkeeping); hooks: the time from each
+  hook call to the end of its future chain, less the time its all-reduces were in flight
+  (compression, decompression, copies); ``ddp``: none (its reducer's copies are not separable).
+- × DDP CPU: process CPU time per timed step (every thread of the rank: gloo's included) over
+  ``ddp``'s. Ours is measured as the difference of a ``--steps`` run and a ``--warmup`` run.
+- sparsifier / overhead / peak/median / imbalance for ours, as before: the ``select`` phase, the
+  rest of ``own`` (as % of the step), the largest step's bytes over the median's, max/mean bucket
+  bytes and the best any packing could reach.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,16 +55,23 @@ from traces.profiling import profile_trace
 
 __all__ = [
     "BENCH_POLICIES",
+    "DEFAULT_METHODS",
+    "PEERS",
     "TARGETS",
+    "CollectiveMeter",
     "add_arguments",
     "best_imbalance",
     "format_table",
+    "peer_statistics",
     "policy_statistics",
     "run",
     "target_report",
 ]
 
 BENCH_POLICIES = ("dense", "topk", "adtopk", "importance")
+PEERS = ("ddp", "allreduce", "fp16", "powersgd1", "powersgd2", "powersgd3", "powersgd4")
+DEFAULT_METHODS = (*PEERS, "topk", "adtopk", "importance")
+POWERSGD_START_ITER = 2  # PyTorch's minimum with error feedback / warm start
 # (statistic, limit, label): every one is "at most"
 TARGETS = (
     ("overhead_pct", 10.0, "synchronizer overhead on top of the sparsifier <= 10 % of step time"),
@@ -54,7 +85,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workload", choices=WORKLOADS, default="minilm", help="reference workload (default minilm)"
     )
-    p.add_argument("--steps", type=int, default=12, help="steps per policy, the first untimed (default 12)")
+    p.add_argument("--steps", type=int, default=12, help="steps per method (default 12)")
+    p.add_argument(
+        "--warmup", type=int, default=2, help="first steps left out of times and bytes (default 2)"
+    )
     p.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
     p.add_argument("--backend", choices=("gloo", "nccl", "auto"), default="gloo", help="default gloo")
     p.add_argument("--tiny", action="store_true", help="tiny random-init model (smoke runs)")
@@ -69,7 +103,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", type=Path, default=None, help="trace to profile the plan from")
     p.add_argument("--record-steps", type=int, default=8, help="steps to record when no trace (default 8)")
     p.add_argument("--seed", type=int, default=0, help="model, data and sparsifier seed (default 0)")
-    p.add_argument("--policies", default=",".join(BENCH_POLICIES), help="comma-separated subset")
+    p.add_argument(
+        "--policies",
+        default=",".join(DEFAULT_METHODS),
+        help=f"comma-separated methods among {', '.join(PEERS + BENCH_POLICIES)} (default: all but dense)",
+    )
     p.add_argument("--timeout", type=float, default=1800.0, help="collective timeout, seconds")
 
 
@@ -142,11 +180,10 @@ def _policy_config(policy: str, opts: dict[str, Any]):
 
 
 def _bench_rank(ctx, opts: dict[str, Any]) -> dict[str, Any]:
-    """One rank: (record,) profile, then every policy from the same initial weights."""
+    """One rank: (record,) profile, then every method from the same initial weights, in order."""
     import torch
 
     from igrt.sync.synchronizer import build_param_infos, named_parameters
-    from igrt.train.loop import TrainOptions, train_on_rank
     from igrt.workloads import make_workload
 
     w = make_workload(opts["workload"], tiny=opts["tiny"], seed=opts["seed"])
@@ -162,24 +199,188 @@ def _bench_rank(ctx, opts: dict[str, Any]) -> dict[str, Any]:
             method=opts["threshold"],
         )
     rows: dict[str, Any] = {}
-    for policy in opts["policies"]:
+    peers: dict[str, list[dict[str, float]]] = {}
+    cpu: dict[str, float] = {}
+    for method in opts["policies"]:
         with torch.no_grad():
             w.model.load_state_dict(initial)
-        options = TrainOptions(
-            workload=opts["workload"],
-            config=_policy_config(policy, opts),
-            steps=opts["steps"],
-            plan=plan if policy == "importance" else None,
-            batch_size=opts["batch_size"],
-            tiny=opts["tiny"],
-            seed=opts["seed"],
-            evaluate=False,
-            out=None,
-            progress=ctx.rank == 0,
-        )
-        rows[policy] = train_on_rank(ctx, options, workload=w).rows
+        if method in PEERS:
+            peers[method] = _gather_rows(ctx, _run_peer(ctx, w, method, opts))
+            continue
+        cpu_s = []
+        for steps in (opts["steps"], opts["warmup"]):  # CPU of the timed steps: the difference
+            with torch.no_grad():
+                w.model.load_state_dict(initial)
+            c0 = time.process_time()
+            outcome = _train(ctx, w, method, opts, plan=plan, steps=steps)
+            cpu_s.append(time.process_time() - c0)
+            if steps == opts["steps"]:
+                rows[method] = outcome.rows
+        cpu[method] = (cpu_s[0] - cpu_s[1]) / (opts["steps"] - opts["warmup"])
     infos = build_param_infos(named_parameters(w.model))
-    return {"rows": rows, "plan": plan, "plan_from": plan_from, "infos": infos}
+    return {"rows": rows, "peers": peers, "cpu": cpu, "plan": plan, "plan_from": plan_from, "infos": infos}
+
+
+def _train(ctx, w, policy: str, opts: dict[str, Any], *, plan, steps: int):
+    from igrt.train.loop import TrainOptions, train_on_rank
+
+    options = TrainOptions(
+        workload=opts["workload"],
+        config=_policy_config(policy, opts),
+        steps=steps,
+        plan=plan if policy == "importance" else None,
+        batch_size=opts["batch_size"],
+        tiny=opts["tiny"],
+        seed=opts["seed"],
+        evaluate=False,
+        out=None,
+        progress=ctx.rank == 0 and steps == opts["steps"],
+        flush=False,  # speed only: the model is thrown away
+    )
+    return train_on_rank(ctx, options, workload=w)
+
+
+def _gather_rows(ctx, rows: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Every rank's rows on rank 0 (empty elsewhere)."""
+    import torch.distributed as dist
+
+    if ctx.world_size == 1:
+        return rows
+    got: list[Any] = [None] * ctx.world_size if ctx.rank == 0 else None  # type: ignore[assignment]
+    dist.gather_object(rows, got, dst=0)
+    return [r for part in got for r in part] if ctx.rank == 0 else []
+
+
+# --------------------------------------------------------------------------- PyTorch's peers
+class CollectiveMeter:
+    """What DDP comm hooks hand to collectives, and how long their own work takes.
+
+    :meth:`counting` wraps ``torch.distributed.all_reduce`` (the one collective PyTorch's hooks
+    call; from the hook or from its future callbacks, on any thread) while it is active: every
+    call adds its tensor's bytes and, once its future completes, its time in flight.
+    :meth:`hook` wraps a hook: the time from each call to the end of its future chain. ``own_s``
+    is their difference: compression, decompression and copies, without the wire.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.bytes = 0
+            self.num_collectives = 0
+            self.chain_s = 0.0
+            self.comm_s = 0.0
+
+    @property
+    def own_s(self) -> float:
+        return max(0.0, self.chain_s - self.comm_s)
+
+    def _add(self, **amounts: float) -> None:
+        with self._lock:
+            for k, v in amounts.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    def hook(self, hook):
+        """``hook`` timed from its call to the end of the future chain it returns."""
+
+        def metered(state, bucket):
+            t0 = time.perf_counter()
+
+            def chain_done(fut):
+                self._add(chain_s=time.perf_counter() - t0)
+                return fut.value()
+
+            return hook(state, bucket).then(chain_done)
+
+        return metered
+
+    @contextlib.contextmanager
+    def counting(self):
+        """``torch.distributed.all_reduce`` counted while inside (restored on exit)."""
+        import torch.distributed as dist
+
+        original = dist.all_reduce
+
+        def all_reduce(tensor, *args, **kwargs):
+            t0 = time.perf_counter()
+            work = original(tensor, *args, **kwargs)
+            self._add(bytes=tensor.numel() * tensor.element_size(), num_collectives=1)
+            if work is None:  # a blocking call
+                self._add(comm_s=time.perf_counter() - t0)
+            else:
+                work.get_future().then(lambda _fut: self._add(comm_s=time.perf_counter() - t0))
+            return work
+
+        dist.all_reduce = all_reduce
+        try:
+            yield self
+        finally:
+            dist.all_reduce = original
+
+
+def _register_peer(ddp, method: str, meter: CollectiveMeter) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    if method == "allreduce":
+        ddp.register_comm_hook(None, meter.hook(default_hooks.allreduce_hook))
+    elif method == "fp16":
+        ddp.register_comm_hook(None, meter.hook(default_hooks.fp16_compress_hook))
+    elif method.startswith("powersgd"):
+        state = psgd.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=int(method.removeprefix("powersgd")),
+            start_powerSGD_iter=POWERSGD_START_ITER,
+        )
+        ddp.register_comm_hook(state, meter.hook(psgd.powerSGD_hook))
+
+
+def _run_peer(ctx, w, method: str, opts: dict[str, Any]) -> list[dict[str, float]]:
+    """``--steps`` steps of DDP (with ``method``'s hook) on this rank; one row per step."""
+    import gc
+
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    from igrt.train.loop import rank_seed
+
+    torch.manual_seed(rank_seed(opts["seed"], ctx.rank))
+    model = w.model.to(ctx.device)
+    grads = [p for p in model.parameters() if p.requires_grad]
+    grad_bytes = sum(p.numel() * p.element_size() for p in grads)
+    caps = {}
+    if method.startswith("powersgd"):  # one bucket: the only order gloo can follow (module docstring)
+        caps["bucket_cap_mb"] = 2 * grad_bytes / 2**20 + 1
+    ddp = DistributedDataParallel(
+        model, device_ids=[ctx.device] if ctx.device.type == "cuda" else None, **caps
+    )
+    meter = CollectiveMeter()
+    _register_peer(ddp, method, meter)
+    optimizer = w.optimizer(model)
+    batches = w.train_batches(ctx.rank, ctx.world_size, opts["batch_size"])
+    sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
+    rows = []
+    with meter.counting():
+        for step in range(opts["steps"]):
+            meter.reset()
+            sync()
+            t0, c0 = time.perf_counter(), time.process_time()
+            loss = w.loss(ddp, next(batches))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            sync()
+            rows.append({
+                "step": step, "rank": ctx.rank, "step_s": time.perf_counter() - t0,
+                "cpu_s": time.process_time() - c0, "own_s": meter.own_s,
+                "bytes": meter.bytes if method != "ddp" else grad_bytes,
+                "num_collectives": meter.num_collectives, "loss": float(loss.detach()),
+            })  # fmt: skip
+    del ddp, optimizer
+    gc.collect()
+    return rows
 
 
 # --------------------------------------------------------------------------- the table
@@ -199,27 +400,69 @@ def best_imbalance(*, infos, config, plan, steps: int, world_size: int) -> float
     return worst
 
 
-def policy_statistics(rows) -> dict[str, float]:
-    """The bench's figures for one policy's rows (see the module docstring)."""
+def policy_statistics(rows, *, warmup_steps: int = 1) -> dict[str, float]:
+    """The bench's figures for one of our policies' rows (see the module docstring)."""
     from igrt.train.loop import step_statistics
 
-    s = step_statistics(rows, warmup_steps=1)
+    s = step_statistics(rows, warmup_steps=warmup_steps)
+    timed = {r.step for r in rows} - set(sorted({r.step for r in rows})[:warmup_steps])
+    wire = [r.wire_bytes for r in rows if r.step in timed] or [r.wire_bytes for r in rows]
     overhead_s = max(0.0, s["sync_s_mean"] - s["sparsifier_s_mean"] - s["comm_s_mean"])
+    own_s = max(0.0, s["sync_s_mean"] - s["comm_s_mean"])
     return {
         "step_ms": 1e3 * s["step_s_mean"],
+        "own_ms": 1e3 * own_s,
+        "own_pct": 100.0 * own_s / s["step_s_mean"],
         "sparsifier_ms": 1e3 * s["sparsifier_s_mean"],
         "overhead_ms": 1e3 * overhead_s,
         "overhead_pct": 100.0 * overhead_s / s["step_s_mean"],
         "comm_ms": 1e3 * s["comm_s_mean"],
-        "bytes_per_step": s["bytes_per_step"]["wire_bytes"],
+        "bytes_per_step": sum(wire) / len(wire),
         "peak_to_median": s["peak_to_median"] if s["peak_to_median"] is not None else float("inf"),
         "imbalance_mean": s["bucket_imbalance_mean"],
         "imbalance_max": s["bucket_imbalance_max"],
     }
 
 
+def peer_statistics(rows: list[dict[str, float]], *, warmup_steps: int) -> dict[str, float]:
+    """The figures of one PyTorch method's rows (every rank's; see the module docstring)."""
+    steps = sorted({r["step"] for r in rows})
+    timed = set(steps[warmup_steps:] if len(steps) > warmup_steps else steps)
+    kept = [r for r in rows if r["step"] in timed]
+    step_s = sum(max(r["step_s"] for r in kept if r["step"] == t) for t in timed) / len(timed)
+
+    def mean(key: str) -> float:
+        return sum(r[key] for r in kept) / len(kept)
+
+    return {
+        "step_ms": 1e3 * step_s,
+        "own_ms": 1e3 * mean("own_s"),
+        "own_pct": 100.0 * mean("own_s") / step_s,
+        "bytes_per_step": mean("bytes"),
+        "cpu_ms": 1e3 * mean("cpu_s"),
+        "collectives_per_step": mean("num_collectives"),
+    }
+
+
+def format_methods_table(stats: dict[str, dict[str, float]]) -> str:
+    """Every method, one row: bytes per step, step time, own time, CPU against plain DDP's."""
+    head = (
+        f"{'method':11s} {'kB/step':>10s} {'x DDP B':>8s} {'step ms':>8s} {'own ms':>8s} {'% step':>6s} "
+        f"{'CPU ms':>8s} {'x DDP CPU':>9s}"
+    )
+    nan = float("nan")
+    lines = [head, "-" * len(head)]
+    for method, s in stats.items():
+        own = f"{s['own_ms']:8.1f} {s['own_pct']:6.1f}" if method != "ddp" else f"{'-':>8s} {'-':>6s}"
+        lines.append(
+            f"{method:11s} {s['bytes_per_step'] / 1e3:10.1f} {s.get('bytes_vs_ddp', nan):8.4f} "
+            f"{s['step_ms']:8.1f} {own} {s['cpu_ms']:8.1f} {s.get('cpu_vs_ddp', nan):9.2f}"
+        )
+    return "\n".join(lines)
+
+
 def format_table(stats: dict[str, dict[str, float]]) -> str:
-    """The overhead table, one row per policy (NaN where topk or the packing bound is missing)."""
+    """Our policies' details, one row each (NaN where topk or the packing bound is missing)."""
     head = (
         f"{'policy':10s} {'step ms':>8s} {'sparsif ms':>10s} {'overhead ms':>11s} {'% step':>6s} "
         f"{'comm ms':>8s} {'kB/step':>9s} {'x topk':>6s} {'peak/med':>8s} {'imbal mean/max':>14s} "
@@ -238,8 +481,19 @@ def format_table(stats: dict[str, dict[str, float]]) -> str:
 
 
 def target_report(stats: dict[str, dict[str, float]]) -> list[str]:
-    """One line per target, judged on the importance policy (overhead on every sparse policy)."""
+    """One line per target, judged on the importance policy (overhead on every sparse policy),
+    and the importance policy against PowerSGD rank 1: fewer bytes at no more CPU."""
     lines = []
+    ours, peer = stats.get("importance"), stats.get("powersgd1")
+    if ours is not None and peer is not None and "cpu_vs_ddp" in ours and "cpu_vs_ddp" in peer:
+        fewer = ours["bytes_per_step"] < peer["bytes_per_step"]
+        cheaper = ours["cpu_vs_ddp"] <= peer["cpu_vs_ddp"]
+        verdict = "met" if fewer and cheaper else "MISSED"
+        lines.append(
+            f"  importance fewer bytes than powersgd1 at <= its CPU: {ours['bytes_per_step'] / 1e3:.1f} vs "
+            f"{peer['bytes_per_step'] / 1e3:.1f} kB/step, {ours['cpu_vs_ddp']:.2f} vs {peer['cpu_vs_ddp']:.2f} "
+            f"x DDP CPU -> {verdict}"
+        )
     for key, limit, label in TARGETS:
         policies = ["topk", "adtopk", "importance"] if key == "overhead_pct" else ["importance"]
         for policy in (p for p in policies if p in stats and key in stats[p]):
@@ -255,26 +509,29 @@ def run(args: argparse.Namespace) -> int:
     from igrt.train.launch import launch
     from igrt.workloads import prepare_workload
 
-    policies = tuple(p for p in args.policies.split(",") if p)
-    unknown = sorted(set(policies) - set(BENCH_POLICIES))
-    if unknown or not policies:
-        raise ValueError(f"--policies: {unknown or 'none'} not among {', '.join(BENCH_POLICIES)}")
+    methods = tuple(dict.fromkeys(p for p in args.policies.split(",") if p))
+    known = PEERS + BENCH_POLICIES
+    unknown = sorted(set(methods) - set(known))
+    if unknown or not methods:
+        raise ValueError(f"--policies: {unknown or 'none'} not among {', '.join(known)}")
     for name in ("steps", "nproc", "batch_size", "release_period", "num_buckets", "record_steps"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not 1 <= args.warmup < args.steps:
+        raise ValueError(f"--warmup {args.warmup}: must be >= 1 and below --steps {args.steps}")
     print(f"igrt bench: {prepare_workload(args.workload, tiny=args.tiny, seed=args.seed)}", file=sys.stderr)
     trace = args.trace or _shipped_trace(args.workload, args.tiny)
     plan = None
-    if trace is not None and "importance" in policies:
+    if trace is not None and "importance" in methods:
         plan, _, _ = profile_trace(
             trace, release_period=args.release_period, density=args.density, method=args.threshold
         )
     with tempfile.TemporaryDirectory(prefix="igrt-bench-") as tmp:
-        keys = ("workload", "tiny", "seed", "steps", "batch_size", "density", "release_period")
+        keys = ("workload", "tiny", "seed", "steps", "warmup", "batch_size", "density", "release_period")
         keys += ("num_buckets", "packing", "record_steps", "threshold")
         opts = {k: getattr(args, k) for k in keys}
         opts.update(
-            policies=policies,
+            policies=methods,
             plan=plan,
             trace=str(trace) if trace else None,
             record_dir=str(Path(tmp) / "trace"),
@@ -287,9 +544,14 @@ def run(args: argparse.Namespace) -> int:
     if 0 not in results:
         return 0
     first = results[0]
-    world_size = len({r.rank for rows in first["rows"].values() for r in rows})
-    stats = {p: policy_statistics(first["rows"][p]) for p in policies}
-    for p, s in stats.items():
+    world_size = len(results)
+    ours = {
+        p: policy_statistics(first["rows"][p], warmup_steps=args.warmup)
+        for p in methods
+        if p in first["rows"]
+    }
+    for p, s in ours.items():
+        s["cpu_ms"] = 1e3 * sum(r["cpu"][p] for r in results.values()) / world_size
         s["imbalance_best"] = best_imbalance(
             infos=first["infos"],
             config=_policy_config(p, opts),
@@ -297,11 +559,21 @@ def run(args: argparse.Namespace) -> int:
             steps=args.steps,
             world_size=world_size,
         )
-        if "topk" in stats:
-            s["ratio_to_topk"] = s["bytes_per_step"] / stats["topk"]["bytes_per_step"]
+        if "topk" in ours:
+            s["ratio_to_topk"] = s["bytes_per_step"] / ours["topk"]["bytes_per_step"]
+    peers = {
+        m: peer_statistics(first["peers"][m], warmup_steps=args.warmup)
+        for m in methods
+        if m in first["peers"]
+    }
+    every = {m: (peers.get(m) or ours[m]) for m in methods}
+    if "ddp" in every:
+        for s in every.values():
+            s["cpu_vs_ddp"] = s["cpu_ms"] / every["ddp"]["cpu_ms"]
+            s["bytes_vs_ddp"] = s["bytes_per_step"] / every["ddp"]["bytes_per_step"]
     print(
         f"{args.workload}{' (tiny)' if args.tiny else ''}, {world_size} {args.backend} ranks, batch "
-        f"{args.batch_size}, {args.steps} steps per policy (first untimed), density {args.density:g}, "
+        f"{args.batch_size}, {args.steps} steps per method ({args.warmup} untimed), density {args.density:g}, "
         f"R={args.release_period}, {args.num_buckets} buckets ({args.packing}); wall {wall_s:.0f} s"
     )
     if first["plan"] is not None:
@@ -312,7 +584,12 @@ def run(args: argparse.Namespace) -> int:
             f"plan {plan.fingerprint}: profiled ({args.threshold}) from {first['plan_from']}: "
             f"{len(plan.low)} of {len(plan.components)} components low ({low_bytes / total:.0%} of the bytes)"
         )
-    print(format_table(stats))
-    print("targets:")
-    print("\n".join(target_report(stats)))
+    print(format_methods_table(every))
+    if ours:
+        print("our policies in detail:")
+        print(format_table(ours))
+    lines = target_report(every)
+    if lines:
+        print("targets:")
+        print("\n".join(lines))
     return 0
