@@ -21,7 +21,11 @@ Checked on every step, on every rank (an AssertionError stops the run):
 - the wire: every synchronized gradient equals the rank average of what the ranks recorded as sent
   (Σsent increments, all-reduced in fp64): relative error <= 1e-5, or the bf16 rounding of a sum of
   ``world`` values for dense buckets in bf16; a parameter that sent nothing has ``grad None`` (or 0);
-- after each flush: every residual is exactly zero.
+- after each flush: every residual is exactly zero;
+- non-finite gradients: on about 3 % of steps (the same steps on every rank) one rank gets a NaN or
+  an inf in one parameter's gradient. Every residual stays finite; a step whose non-finite gradient
+  travelled is skipped on every rank alike (no gradient anywhere, nothing sent on balance), and
+  conservation holds with that gradient left out (it was discarded before any residual saw it).
 
 Memory: RSS (``/proc/self/statm``) after step ``min(100, steps // 4)`` against the end. The table
 prints per rank: steps, wall seconds, largest conservation gap (absolute and over its bound), the
@@ -61,6 +65,8 @@ class SoakResult:
     max_gap_over_bound: float
     max_wire_error: float
     empty_steps: int
+    nonfinite_steps: int  # steps on which some rank injected a NaN / inf
+    skipped_steps: int  # of those, steps skipped on every rank (the bad gradient travelled)
     rss_mark_mib: float
     rss_end_mib: float
     mark_step: int
@@ -158,7 +164,7 @@ def soak(rank: int, world_size: int, steps: int, seed: int, segment_steps: int) 
     components = sorted({i.component for i in build_param_infos(named)})
     mark_step = min(100, max(1, steps // 4))
     max_gap = max_ratio = max_wire = 0.0
-    empty = 0
+    empty = nonfinite = skipped = 0
     policies: list[str] = []
     rss_mark = rss_end = 0.0
     segments = 0
@@ -174,16 +180,28 @@ def soak(rank: int, world_size: int, steps: int, seed: int, segment_steps: int) 
         bound_m = {n: 0.0 for n in params}
         for t in range(min(segment_steps, steps - step)):
             rng = np.random.default_rng([seed, segments, t, rank])
+            bad = _nonfinite_injection(np.random.default_rng([seed, segments, t, 10**6]), params, world_size)
             for n, p in params.items():
                 p.grad = _draw_grad(rng, tuple(p.shape))
                 e = sync.residuals.get(n)
                 g_max = float(p.grad.abs().max()) if p.grad is not None and p.numel() else 0.0
                 e_max = float(e.abs().max()) if e is not None and e.numel() else 0.0
                 bound_m[n] = max(bound_m[n], g_max + e_max)
+            if bad is not None:
+                nonfinite += 1
+                if bad[0] == rank:  # after the bound: a discarded gradient is not part of Σg
+                    p = params[bad[1]]
+                    p.grad = torch.zeros(p.shape) if p.grad is None else p.grad.clone()
+                    p.grad.view(-1)[bad[2] % p.numel()] = bad[3]
             before = {n: sync.residuals.sums(n)[1].clone() for n in sync.residuals.names()}
             row = sync.step()
-            empty += int(row.values_bytes == 0 and row.dense_bytes == 0)
-            max_wire = max(max_wire, _check_wire(sync, params, before, world_size))
+            assert all(bool(torch.isfinite(sync.residuals.get(n)).all()) for n in sync.residuals.names()), "non-finite residual"
+            if row.extra["nonfinite_skipped"]:
+                skipped += 1
+                _check_skipped(sync, params, before)
+            else:
+                empty += int(row.values_bytes == 0 and row.dense_bytes == 0)
+                max_wire = max(max_wire, _check_wire(sync, params, before, world_size))
             gap, ratio = _check_conservation(sync, bound_m, t)
             max_gap, max_ratio = max(max_gap, gap), max(max_ratio, ratio)
             step += 1
@@ -199,8 +217,28 @@ def soak(rank: int, world_size: int, steps: int, seed: int, segment_steps: int) 
     return SoakResult(
         rank=rank, steps=steps, segments=segments, wall_s=time.perf_counter() - t0, max_gap=max_gap,
         max_gap_over_bound=max_ratio, max_wire_error=max_wire, empty_steps=empty,
+        nonfinite_steps=nonfinite, skipped_steps=skipped,
         rss_mark_mib=rss_mark, rss_end_mib=rss_end, mark_step=mark_step, policies=tuple(policies),
     )  # fmt: skip
+
+
+def _nonfinite_injection(rng: np.random.Generator, params, world_size: int):
+    """(rank, parameter, flat position, NaN or inf) on about 3 % of steps, else None (same on every rank)."""
+    if rng.random() >= 0.03:
+        return None
+    names = [n for n, p in params.items() if p.numel()]
+    return (int(rng.integers(world_size)), str(rng.choice(names)), int(rng.integers(2**31)),
+            float(rng.choice([float("nan"), float("inf"), -float("inf")])))  # fmt: skip
+
+
+def _check_skipped(sync: Synchronizer, params, before: dict[str, torch.Tensor]) -> None:
+    """A skipped step: no parameter has a gradient and, on balance, nothing was sent."""
+    for n, p in params.items():
+        assert p.grad is None, f"{n}: a gradient on a skipped step"
+        if n in sync.residuals.names() and p.numel():
+            now = sync.residuals.sums(n)[1]
+            moved = float((now - before.get(n, 0.0)).abs().max())
+            assert moved <= 1e-6 * (1.0 + float(now.abs().max())), f"{n}: Σsent moved by {moved:.3e} on a skipped step"
 
 
 def _check_conservation(sync: Synchronizer, bound_m: dict[str, float], t: int) -> tuple[float, float]:
@@ -271,11 +309,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"soak: {args.steps} steps on {args.nproc} gloo ranks, {first.segments} random schedules "
           f"(policies: {', '.join(sorted(set(first.policies)))}), seed {args.seed}; {total_s:.1f} s with start-up")  # fmt: skip
     header = (f"{'rank':>4} {'steps':>6} {'wall_s':>7} {'steps/s':>8} {'max_gap':>10} {'gap/bound':>10} "
-              f"{'wire_err':>9} {'empty':>6} {'rss@' + str(first.mark_step) + '_MiB':>12} {'rss_end_MiB':>11} {'growth':>7}")  # fmt: skip
+              f"{'wire_err':>9} {'empty':>6} {'nonfin':>6} {'skipped':>7} {'rss@' + str(first.mark_step) + '_MiB':>12} {'rss_end_MiB':>11} {'growth':>7}")  # fmt: skip
     print(header)
     for r in results.values():
         print(f"{r.rank:>4} {r.steps:>6} {r.wall_s:>7.1f} {r.steps / r.wall_s:>8.1f} {r.max_gap:>10.2e} "
-              f"{r.max_gap_over_bound:>10.3f} {r.max_wire_error:>9.1e} {r.empty_steps:>6} {r.rss_mark_mib:>12.1f} "
+              f"{r.max_gap_over_bound:>10.3f} {r.max_wire_error:>9.1e} {r.empty_steps:>6} {r.nonfinite_steps:>6} "
+              f"{r.skipped_steps:>7} {r.rss_mark_mib:>12.1f} "
               f"{r.rss_end_mib:>11.1f} {r.rss_end_mib - r.rss_mark_mib:>+7.1f}")  # fmt: skip
     return 0
 

@@ -166,9 +166,10 @@ class Executor:
     @staticmethod
     def all_finite(tensors: list[torch.Tensor]) -> bool:
         """One fused check: no NaN / inf in ``tensors`` (max-abs norms; NaN propagates)."""
+        tensors = [t.detach() for t in tensors if t.numel()]  # an empty tensor has no max
         if not tensors:
             return True
-        norms = torch._foreach_norm([t.detach() for t in tensors], float("inf"))
+        norms = torch._foreach_norm(tensors, float("inf"))
         return bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
 
     def screen(self, names: list[str], grads: Callable[[str], torch.Tensor | None], run: StepRun) -> set[str]:
@@ -196,6 +197,9 @@ class Executor:
             for name, n in zip(op.param_names, op.param_numel):
                 run.sent_k[name] = n
             return _Payload(op=op, k=0, flat=torch.full((op.numel,), float("nan"), dtype=self.value_dtype, device=s.device))
+        if op.numel == 0:  # nothing to carry a NaN in (only empty parameters): an empty payload
+            empty = torch.empty(0, dtype=s.index_dtype, device=s.device)
+            return _Payload(op=op, k=0, indices=empty, values=torch.empty(0, dtype=self.value_dtype, device=s.device))
         run.sent_k[op.param_names[0]] = 1
         return _Payload(
             op=op, k=1, indices=torch.zeros(1, dtype=s.index_dtype, device=s.device),

@@ -27,4 +27,6 @@ def test_short_soak_on_three_ranks() -> None:
         assert set(r.policies) == set(POLICIES)
         assert r.max_gap_over_bound <= 1.0
         assert r.empty_steps > 0, "the run never produced an empty payload"
+        assert r.nonfinite_steps > 0 and r.skipped_steps > 0, "no non-finite step was injected and skipped"
+        assert r.skipped_steps == results[0].skipped_steps  # skipped on every rank alike
         assert r.rss_end_mib - r.rss_mark_mib <= RSS_GROWTH_MIB, (r.rss_mark_mib, r.rss_end_mib)
