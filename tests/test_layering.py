@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("igpolicy", "traces", "igsim", "igrt")
+PACKAGES = ("igpolicy", "traces", "igsim", "igrt", "igplot")
 
 # package -> top-level modules it must never import (directly or via `from x import`)
 FORBIDDEN: dict[str, frozenset[str]] = {
@@ -17,15 +17,19 @@ FORBIDDEN: dict[str, frozenset[str]] = {
     "traces": frozenset({"torch", "igsim", "igrt", "simpy", "networkx"}),
     "igsim": frozenset({"torch", "igrt"}),
     "igrt": frozenset({"igsim", "simpy", "networkx"}),
+    "igplot": frozenset({"torch", "igsim", "igrt", "traces", "simpy", "networkx", "pyarrow"}),
 }
 # package -> third-party top-level modules it may import (stdlib is always allowed)
 ALLOWED_THIRD_PARTY: dict[str, frozenset[str]] = {
     "igpolicy": frozenset({"numpy", "scipy"}),
     "traces": frozenset({"igpolicy", "pyarrow", "numpy"}),
     "igsim": frozenset(
-        {"igpolicy", "traces", "simpy", "networkx", "numpy", "scipy", "matplotlib", "tqdm", "yaml"}
+        {"igpolicy", "traces", "igplot", "simpy", "networkx", "numpy", "scipy", "matplotlib", "tqdm", "yaml"}
     ),
-    "igrt": frozenset({"igpolicy", "traces", "torch", "numpy", "tqdm", "transformers", "deepspeed", "yaml"}),
+    "igrt": frozenset(
+        {"igpolicy", "traces", "igplot", "torch", "numpy", "tqdm", "transformers", "deepspeed", "yaml"}
+    ),
+    "igplot": frozenset({"numpy", "matplotlib", "igpolicy"}),
 }
 
 
