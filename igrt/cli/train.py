@@ -7,6 +7,11 @@ The policy comes from ``--config FILE.json`` (PolicyConfig keys, strict: an unkn
 is an error naming it) with ``--policy``, ``--density``, ``--release-period``, ``--packing`` and
 ``--seed`` on top. Writes ``metrics.csv``, ``summary.json``, ``eval.json``, ``model.pt`` and
 ``checkpoint/`` into ``--out`` (see :mod:`igrt.train.loop` and docs/runtime.md).
+
+Your own model and data instead of a reference workload (nothing is downloaded):
+
+    igrt train --model ./my-gpt2 --data corpus.jsonl --policy topk --steps 200 --lr 1e-4 --schedule cosine
+    igrt train --model ./my-bert --data reviews.csv --text-column review --label-column stars --policy topk
 """
 
 from __future__ import annotations
@@ -21,14 +26,36 @@ from typing import Any
 
 from igpolicy.config import PACKINGS, POLICIES, SPARSIFIERS, PolicyConfig
 from igpolicy.step_plan import INTEGRATIONS
-from igrt.workloads import WORKLOADS
+from igrt.train.logs import LOG_FORMATS
+from igrt.workloads import ALL_WORKLOADS, HF_WORKLOAD
+from igrt.workloads.schedule import SCHEDULES
 
 __all__ = ["add_arguments", "options_from_args", "policy_config", "run"]
 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", required=True, choices=WORKLOADS, help="reference workload")
+    p.add_argument(
+        "--workload",
+        choices=ALL_WORKLOADS,
+        default=None,
+        help="reference workload (minilm, gpt), or hf: your own --model on your own --data (the default with --model)",
+    )
+    own = p.add_argument_group("your own model and data (--workload hf; docs/runtime.md)")
+    own.add_argument("--model", default=None, metavar="DIR", help="local Hugging Face checkpoint (causal LM or classifier)")
+    own.add_argument("--tokenizer", default=None, metavar="DIR", help="tokenizer directory (default: --model)")
+    own.add_argument("--data", default=None, metavar="FILE", help="training data: .jsonl, .csv or .txt (one example per line)")
+    own.add_argument("--text-column", default="text", help="JSONL / CSV column holding the text (default text)")
+    own.add_argument(
+        "--label-column", default=None, help="JSONL / CSV column holding the label: sequence classification"
+    )
+    own.add_argument("--seq-len", type=int, default=None, help="tokens per example (default min(128, model's))")
+    own.add_argument(
+        "--heldout-fraction", type=float, default=0.1, help="share of examples held out for evaluation (default 0.1)"
+    )
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the workload's own)")
+    p.add_argument("--schedule", choices=SCHEDULES, default="constant", help="learning-rate schedule (default constant)")
+    p.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up steps (default 0)")
     p.add_argument("--policy", choices=POLICIES, default=None, help="sync policy (or 'policy' in --config)")
     p.add_argument("--plan", type=Path, default=None, help="SyncPlan JSON (required by --policy importance)")
     p.add_argument("--nproc", type=int, default=2, help="ranks to spawn (ignored under torchrun; default 2)")
@@ -91,6 +118,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help="output directory (default runs/WORKLOAD-POLICY)")
     p.add_argument("--timeout", type=float, default=600.0, help="collective timeout, seconds (default 600)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no status lines")
+    p.add_argument(
+        "--log",
+        action="append",
+        choices=LOG_FORMATS,
+        default=None,
+        help="also log every step as it happens: tensorboard (OUT/tensorboard/), csv (OUT/log.csv), "
+        "jsonl (OUT/log.jsonl); repeat for several",
+    )
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -127,18 +163,45 @@ def policy_config(args: argparse.Namespace) -> PolicyConfig:
     return PolicyConfig.from_dict(data, where=where)
 
 
+def workload_spec(args: argparse.Namespace):
+    """(workload name, WorkloadSpec) from the arguments; ValueError for a bad combination."""
+    from igrt.workloads import WorkloadSpec
+
+    name = args.workload or (HF_WORKLOAD if args.model else None)
+    if name is None:
+        raise ValueError("give --workload (minilm, gpt) or your own --model DIR --data FILE")
+    if name == HF_WORKLOAD and args.tiny:
+        raise ValueError("--tiny is for the reference workloads; with --model your checkpoint is the model")
+    spec = WorkloadSpec(
+        model=args.model,
+        tokenizer=args.tokenizer,
+        data=args.data,
+        text_column=args.text_column,
+        label_column=args.label_column,
+        seq_len=args.seq_len,
+        heldout_fraction=args.heldout_fraction,
+        lr=args.lr,
+        schedule=args.schedule,
+        warmup_steps=args.warmup_steps,
+        total_steps=args.steps,
+    )
+    return name, spec
+
+
 def options_from_args(args: argparse.Namespace):
     """TrainOptions from parsed arguments (ValueError for bad combinations)."""
     from igpolicy.plan import SyncPlan
     from igrt.train.loop import TrainOptions
 
+    workload, spec = workload_spec(args)
     config = policy_config(args)
     plan = SyncPlan.load(args.plan) if args.plan is not None else None
-    out = args.out if args.out is not None else Path("runs") / f"{args.workload}-{config.policy}"
+    out = args.out if args.out is not None else Path("runs") / f"{workload}-{config.policy}"
     if args.nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
     return TrainOptions(
-        workload=args.workload,
+        workload=workload,
+        spec=spec,
         config=config,
         steps=args.steps,
         plan=plan,
@@ -153,7 +216,9 @@ def options_from_args(args: argparse.Namespace):
         checkpoint_every=args.checkpoint_every,
         resume=str(args.resume) if args.resume is not None else None,
         out=str(out),
-        progress=not args.no_progress,
+        progress=not (args.no_progress or args.quiet),
+        quiet=args.quiet,
+        log=tuple(args.log or ()),
         command=_command_line(args),
         record_trace=args.record_trace,
         ddp_bucket_cap_mb=args.ddp_bucket_cap_mb,
@@ -185,18 +250,15 @@ def run(args: argparse.Namespace) -> int:
 
     options = options_from_args(args)
     first_rank = os.environ.get("RANK", "0") == "0"
-    if first_rank:
-        print(
-            f"igrt train: {prepare_workload(args.workload, tiny=args.tiny, seed=args.seed)}", file=sys.stderr
-        )
-    else:
-        prepare_workload(args.workload, tiny=args.tiny, seed=args.seed)
+    note = prepare_workload(options.workload, tiny=args.tiny, seed=args.seed, spec=options.spec)
+    if first_rank and not args.quiet:
+        print(f"igrt train: {note}", file=sys.stderr)
     summary = train(options, nproc=args.nproc, backend=args.backend, timeout_s=args.timeout)
     if not summary:
         return 0
     s = summary["stats"]
     b = s["bytes_per_step"]
-    print(f"wrote {options.out}: metrics.csv, summary.json, eval.json, model.pt, checkpoint/")
+    print(f"wrote {options.out}: metrics.csv, summary.json, eval.json, model.pt, run.png, checkpoint/")
     print(
         f"  {summary['config']['policy']} on {summary['world_size']} {summary['backend']} ranks "
         f"({summary['integration']}), steps {summary['start_step']}..{summary['steps']}"
@@ -213,6 +275,10 @@ def run(args: argparse.Namespace) -> int:
     )
     final = summary["eval"]["final"]
     if final:
-        metrics = ", ".join(f"{k} {v:.4g}" for k, v in final.items() if isinstance(v, float))
+        metrics = ", ".join(
+            f"{k} {v:.4g}" for k, v in final.items() if isinstance(v, float) and k != "majority_floor"
+        )
+        if "majority_floor" in final:
+            metrics += f" (majority-class floor {final['majority_floor']:.4g})"
         print(f"  held-out after flush: {metrics}; final training loss {summary['final_loss']:.4f}")
     return 0

@@ -26,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +88,9 @@ class TrainOptions:
     ddp_bucket_cap_mb: float | None = None  # ddp-hook: DDP's bucket_cap_mb (None: DDP's default)
     flush: bool = True  # False: no end-of-training flush (speed-only runs whose model is thrown away)
     drop_held_residuals: bool = False  # ablation only: zero the residuals of parameters that held
+    spec: Any = None  # an igrt.workloads.WorkloadSpec (--model / --data / --lr / --schedule), or None
+    quiet: bool = False  # no status lines on rank 0 (what each slow phase is doing)
+    log: tuple[str, ...] = ()  # live logs: "tensorboard", "csv", "jsonl" (igrt.train.logs)
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "grad_accum"):
@@ -98,6 +103,9 @@ class TrainOptions:
             raise ValueError(f"--integration {self.integration!r} is not one of {', '.join(INTEGRATIONS)}")
         if self.config.policy == "importance" and self.plan is None:
             raise ValueError("policy 'importance' needs --plan PLAN.json (igsim profile TRACE -o PLAN.json)")
+        from igrt.train.logs import check_log_formats
+
+        check_log_formats(tuple(self.log))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -373,6 +381,16 @@ def _hook_exposed_s(state, backward_end: float) -> float:
     return max(0.0, backward_end - last) if last is not None else 0.0
 
 
+def _status(options: TrainOptions, rank: int, message: str) -> None:
+    """One status line on rank 0's stderr (not with ``quiet``), safe next to a tqdm bar."""
+    if rank != 0 or options.quiet:
+        return
+    from tqdm import tqdm
+
+    tqdm.write(f"igrt train {time.strftime('%H:%M:%S')} {message}", file=sys.stderr)
+    sys.stderr.flush()
+
+
 def train_on_rank(ctx, options: TrainOptions, *, workload=None) -> RankOutcome:
     """Run ``options`` on this rank (inside a process group set up by :func:`igrt.train.launch.launch`).
 
@@ -386,13 +404,25 @@ def train_on_rank(ctx, options: TrainOptions, *, workload=None) -> RankOutcome:
     from igrt.workloads import make_workload
 
     o = options
-    w = workload if workload is not None else make_workload(o.workload, tiny=o.tiny, seed=o.seed)
+    if workload is None:
+        _status(o, ctx.rank, f"{ctx.world_size} {ctx.backend} rank(s) up; loading the model and data ({o.workload})")
+    w = workload if workload is not None else make_workload(o.workload, tiny=o.tiny, seed=o.seed, spec=o.spec)
+    _status(o, ctx.rank, f"setting up the {o.integration} integration ({w.num_params:,} parameters)")
     run = _RankRun(ctx, o, w)
+    if o.resume:
+        _status(o, ctx.rank, f"resuming from {o.resume}")
     start = run.resume() if o.resume else 0
     batches = w.train_batches(ctx.rank, ctx.world_size, o.batch_size)
+    if start:
+        _status(o, ctx.rank, f"replaying the data streams to step {start}")
     for _ in range(start * o.grad_accum):  # replay the data streams up to the checkpoint
         next(batches)
+    if o.evaluate and start == 0:
+        _status(o, ctx.rank, "evaluating on the held-out split (step 0)")
     evals = run.evaluate(0) if o.evaluate and start == 0 else []
+    logger = _open_logger(ctx, o)
+    for record in evals:
+        logger.evaluation(record)
     ckpt_dir = Path(o.out) / "checkpoint" if o.out else None
     desc = f"train {o.workload} {o.config.policy}"
     bar = tqdm(total=o.steps, initial=start, desc=desc, disable=ctx.rank != 0 or not o.progress)
@@ -401,20 +431,33 @@ def train_on_rank(ctx, options: TrainOptions, *, workload=None) -> RankOutcome:
         for done in range(start + 1, o.steps + 1):
             row = run.step(batches, watchdog=watchdog)
             log.append(row)
+            logger.step(row, lr=run.optimizer.param_groups[0].get("lr"))
             train_s += row.step_s
             bar.update(1)
             bar.set_postfix(loss=f"{row.extra['loss']:.3f}", kB=f"{row.wire_bytes / 1e3:.0f}")
             if o.evaluate and o.eval_every and done % o.eval_every == 0 and done < o.steps:
-                evals += run.evaluate(done)
+                _status(o, ctx.rank, f"evaluating on the held-out split (step {done})")
+                new = run.evaluate(done)
+                evals += new
+                for record in new:
+                    logger.evaluation(record)
             if ckpt_dir is not None and (
                 done == o.steps or (o.checkpoint_every and done % o.checkpoint_every == 0)
             ):
+                _status(o, ctx.rank, f"saving a checkpoint at step {done} to {ckpt_dir}")
                 run.save(ckpt_dir, done)  # the last one before the flush: a resumed run continues it
     bar.close()
+    _status(o, ctx.rank, "flushing the residuals (one more optimizer step)" if o.flush else "training done")
     flush_row = run.flush()
     if o.evaluate:
-        evals += run.evaluate(o.steps, after_flush=True)
+        _status(o, ctx.rank, "evaluating on the held-out split after the flush")
+        new = run.evaluate(o.steps, after_flush=True)
+        evals += new
+        for record in new:
+            logger.evaluation(record)
+    logger.close()
     op_rows = [r.to_row(ctx.rank) for r in run.sync.op_log]
+    _status(o, ctx.rank, f"gathering every rank's metrics on rank 0 ({ctx.world_size} ranks)")
     rows, flush_rows, op_rows = _gather(ctx, list(log), [flush_row], op_rows)
     outcome = RankOutcome(
         rank=ctx.rank,
@@ -427,9 +470,52 @@ def train_on_rank(ctx, options: TrainOptions, *, workload=None) -> RankOutcome:
         ddp=run.ddp_info(),
     )
     if o.out and ctx.rank == 0:
+        _status(o, ctx.rank, f"writing metrics.csv, summary.json, eval.json, model.pt to {o.out}")
         _write_outputs(Path(o.out), options=o, outcome=outcome, model=run.model, ctx=ctx)
+        _status(o, ctx.rank, f"plotting {Path(o.out) / 'run.png'}")
+        plot_run(Path(o.out) / "run.png", options=o, outcome=outcome)
     _barrier(ctx.world_size)
     return outcome
+
+
+def _open_logger(ctx, options: TrainOptions):
+    """``--log``'s live logs on rank 0 (a logger that does nothing elsewhere or without ``out``)."""
+    from igrt.train.logs import StepLogger
+
+    on = ctx.rank == 0 and options.out is not None
+    return StepLogger(options.out if on else None, tuple(options.log) if on else ())
+
+
+def plot_run(path: Path, *, options: TrainOptions, outcome: RankOutcome) -> Path:
+    """``run.png``: loss, the held-out metric, bytes per step and step time (:func:`igplot.plot_run`)."""
+    from igplot import plot_run as draw
+
+    steps = sorted({r.step for r in outcome.rows})
+    by_step: dict[int, list[StepMetrics]] = {s: [] for s in steps}
+    for r in outcome.rows:
+        by_step[r.step].append(r)
+    exposed = [[r.exposed_comm_s for r in by_step[s] if r.exposed_comm_s is not None] for s in steps]
+    evals = list(outcome.evals)
+    name = "accuracy" if any("accuracy" in e for e in evals) else "loss"
+    floors = [e["majority_floor"] for e in evals if "majority_floor" in e]
+    flush = [r.wire_bytes for r in outcome.flush_rows]
+    spec = options.spec
+    what = options.workload if spec is None or not spec.model else f"{Path(spec.model).name} (hf)"
+    return draw(
+        path,
+        title=f"igrt train: {what}, {options.config.policy} on {max(len({r.rank for r in outcome.rows}), 1)} "
+        f"ranks ({options.integration})",
+        steps=[s + 1 for s in steps],
+        loss=[float(np.mean([r.extra.get("loss", np.nan) for r in by_step[s]])) for s in steps],
+        wire_bytes=[float(np.mean([r.wire_bytes for r in by_step[s]])) for s in steps],
+        step_s=[max(r.step_s for r in by_step[s]) for s in steps],
+        exposed_comm_s=[float(np.mean(e)) if e else None for e in exposed],
+        eval_steps=[int(e["step"]) for e in evals if name in e],
+        eval_values=[float(e[name]) for e in evals if name in e],
+        eval_name=name,
+        floor=floors[-1] if floors else None,
+        flush_bytes=float(np.mean(flush)) if flush else None,
+    )
 
 
 def _gather(ctx, rows: list[StepMetrics], flush_rows: list[StepMetrics], op_rows: list[dict[str, Any]]):
@@ -571,7 +657,7 @@ def preflight(options: TrainOptions) -> None:
     from igrt.sync.synchronizer import build_param_infos, named_parameters
     from igrt.workloads import make_workload
 
-    w = make_workload(options.workload, tiny=options.tiny, seed=options.seed)
+    w = make_workload(options.workload, tiny=options.tiny, seed=options.seed, spec=options.spec)
     check_plan(
         options.plan, build_param_infos(named_parameters(w.model)), where=options.plan_path or "SyncPlan"
     )
@@ -589,7 +675,11 @@ def train(
     (read back from ``summary.json``; an empty dict on other torchrun ranks or without ``out``)."""
     from igrt.train.launch import launch
 
+    here = int(os.environ.get("RANK", "0"))  # under torchrun this process is a rank
+    if options.plan is not None:
+        _status(options, here, "checking the plan against the model")
     preflight(options)
+    _status(options, here, f"starting {nproc} rank(s)")
     results = launch(_train_rank, nproc=nproc, backend=backend, args=(options,), timeout_s=timeout_s)
     if 0 not in results or not options.out:
         return {}

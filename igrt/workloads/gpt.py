@@ -191,6 +191,4 @@ class GPTWorkload(Workload):
         return {"loss": loss, "bits_per_byte": loss / math.log(2), "num_windows": float(num)}
 
     def optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=self.lr, weight_decay=0.01
-        )
+        return self._adamw(model, weight_decay=0.01)

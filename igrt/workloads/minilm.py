@@ -169,6 +169,4 @@ class MiniLMWorkload(Workload):
         return {"accuracy": correct / n, "loss": loss_sum / n, "num_examples": float(n)}
 
     def optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=self.lr, weight_decay=0.01
-        )
+        return self._adamw(model, weight_decay=0.01)
