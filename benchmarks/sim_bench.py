@@ -1,18 +1,29 @@
-"""Simulator speed: the flow-level network and collective schedules on one core.
+"""Simulator speed: the flow-level network and collective schedules against raw simpy, one core.
 
-    /work/venv/bin/python benchmarks/sim_bench.py [--quick]
+    python benchmarks/sim_bench.py [--rounds 3] [--quick]
 
-Prints a table: wall time, simpy events processed, events/s, messages/s and rate recomputations
-for (1) raw simpy timeouts (the ceiling), (2) contention-free ring all-reduces on a star, and
-(3) a 256-rank leaf-spine ring all-reduce, once in rank order (only leaf-boundary hops cross the
-spines) and once with ranks interleaved across leaves (every hop crosses an oversubscribed spine
-layer: heavy contention, large connected flow sets). Then the peak Python memory (tracemalloc) of
-the 256-rank contended run. Targets: >= 250k events/s in flow mode; raw simpy ~1.5M/s here.
+Each round runs raw simpy (a process yielding timeouts: simpy's ceiling on this machine at this
+moment) and then every flow case, each in a fresh environment and network; a case's *ratio* is
+its events per CPU second over that round's raw simpy rate (paired, so the machine's load cancels).
+The table gives min / median over rounds. Paths are the topology's (computed once, cached on the
+topology) and are warmed before the first round; each network builds its routes from them once.
+Cases:
+
+- star-64 (one switch, 100 Gbit/s): ring all-reduce, 16-chunk pipelined tree all-reduce and
+  halving-doubling all-reduce of 100 MB (contention-free), repeated in one network;
+- leaf-spine-256 (16 ranks per leaf, 4 spines, 2:1): ring all-reduce in rank order (only leaf-
+  boundary hops cross the spines) and with ranks interleaved across leaves (every hop crosses an
+  oversubscribed uplink: heavy contention, a max-min recomputation for most events).
+
+Then the peak Python memory (tracemalloc) of the contended 256-rank run. Goal (issue 16): every
+case >= 50 % of raw simpy in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import sys
 import time
 import tracemalloc
 
@@ -20,7 +31,7 @@ import simpy
 
 from igsim.collectives.predict import CollectiveSpec, run_collective
 from igsim.net.network import Network
-from igsim.net.topology import leaf_spine, star
+from igsim.net.topology import Topology, leaf_spine, star
 
 
 class CountingEnvironment(simpy.Environment):
@@ -43,80 +54,88 @@ def raw_simpy(num_events: int) -> dict:
             yield env.timeout(1e-6)
 
     env.process(ticker(env))
-    t = time.perf_counter()
+    t = time.process_time()
     env.run()
-    wall = time.perf_counter() - t
-    return {
-        "case": "raw simpy timeouts",
-        "wall_s": wall,
-        "events": env.num_events,
-        "messages": 0,
-        "sim_s": env.now,
-    }
+    return {"cpu_s": time.process_time() - t, "events": env.num_events, "messages": 0}
 
 
-def collective_case(label: str, topo, spec: CollectiveSpec, *, ranks=None, repeat: int = 1) -> dict:
+def collective_case(topo: Topology, spec: CollectiveSpec, *, ranks=None, repeat: int = 1) -> dict:
+    """``repeat`` collectives one after another in one fresh environment and network (the
+    network builds each route once: its first collective pays for them)."""
     env = CountingEnvironment()
     net = Network(env, topo)
-    t = time.perf_counter()
-    sim = 0.0
+    t = time.process_time()
     for _ in range(repeat):
         proc = run_collective(net, spec, ranks=ranks)
         env.run(proc)
-        sim = proc.value.time_s
-    wall = time.perf_counter() - t
-    return {
-        "case": label,
-        "wall_s": wall,
-        "events": env.num_events,
-        "messages": net.num_messages,
-        "sim_s": sim,
-        "recomputes": net.num_recomputes,
-        "rate_updates": net.num_rate_updates,
-    }
+    cpu = time.process_time() - t
+    return {"cpu_s": cpu, "events": env.num_events, "messages": net.num_messages,
+            "recomputes": net.num_recomputes, "sim_s": proc.value.time_s}  # fmt: skip
+
+
+def cases(quick: bool) -> list[tuple[str, Topology, CollectiveSpec, list | None, int]]:
+    big = 64 if quick else 256
+    s64 = star(num_ranks=64, bandwidth_bytes_per_s=12.5e9, latency_s=2.5e-6)
+    ls = leaf_spine(num_ranks=big, ranks_per_leaf=16, num_spines=4, bandwidth_bytes_per_s=12.5e9, latency_s=1e-6,
+                    oversubscription=2.0)  # fmt: skip
+    leaves = big // 16
+    interleaved = [ls.ranks[(i % leaves) * 16 + i // leaves] for i in range(big)]
+    ar = CollectiveSpec(op="all_reduce", algorithm="ring", size_bytes=100e6)
+    rep = 2 if quick else 5
+    return [
+        ("star-64 ring all-reduce", s64, ar, None, rep),
+        ("star-64 tree all-reduce, 16 chunks", s64,
+         CollectiveSpec(op="all_reduce", algorithm="tree", size_bytes=100e6, num_chunks=16), None, rep),
+        ("star-64 halving-doubling all-reduce", s64,
+         CollectiveSpec(op="all_reduce", algorithm="halving_doubling", size_bytes=100e6), None, 4 * rep),
+        (f"leaf-spine-{big} ring, rank order", ls, ar, None, 1),
+        (f"leaf-spine-{big} ring, interleaved", ls, ar, interleaved, 1),
+    ]  # fmt: skip
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3, help="paired rounds (default 3)")
     ap.add_argument("--quick", action="store_true", help="smaller cases")
     args = ap.parse_args()
-    big = 64 if args.quick else 256
-    rows = [raw_simpy(200_000 if args.quick else 1_000_000)]
-    s64 = star(num_ranks=64, bandwidth_bytes_per_s=12.5e9, latency_s=2.5e-6)
-    ar = CollectiveSpec(op="all_reduce", algorithm="ring", size_bytes=100e6)
-    rows.append(collective_case("star-64 ring all-reduce x5", s64, ar, repeat=2 if args.quick else 5))
-    rows.append(
+    todo = cases(args.quick)
+    for _, topo, spec, ranks, _ in todo:  # warm the topologies' route caches
         collective_case(
-            "star-64 tree all-reduce, 16 chunks x5",
-            s64,
-            CollectiveSpec(op="all_reduce", algorithm="tree", size_bytes=100e6, num_chunks=16),
-            repeat=2 if args.quick else 5,
+            topo, CollectiveSpec(op="all_reduce", algorithm=spec.algorithm, size_bytes=1.0), ranks=ranks
         )
+    raw_n = 200_000 if args.quick else 1_000_000
+    raw_rates, rates, ratios, last = [], {n: [] for n, *_ in todo}, {n: [] for n, *_ in todo}, {}
+    for _ in range(args.rounds):
+        raw = raw_simpy(raw_n)
+        raw_rate = raw["events"] / raw["cpu_s"]
+        raw_rates.append(raw_rate)
+        for name, topo, spec, ranks, repeat in todo:
+            r = last[name] = collective_case(topo, spec, ranks=ranks, repeat=repeat)
+            rates[name].append(r["events"] / r["cpu_s"])
+            ratios[name].append(r["events"] / r["cpu_s"] / raw_rate)
+    print(
+        f"{args.rounds} paired rounds, CPU time, min / median; python {sys.version.split()[0]}, simpy {simpy.__version__}"
     )
-    ls = leaf_spine(
-        num_ranks=big, ranks_per_leaf=16, num_spines=4, bandwidth_bytes_per_s=12.5e9, latency_s=1e-6,
-        oversubscription=2.0,
-    )  # fmt: skip
-    rows.append(collective_case(f"leaf-spine-{big} ring, rank order", ls, ar))
-    leaves = big // 16
-    interleaved = [ls.ranks[(i % leaves) * 16 + i // leaves] for i in range(big)]
-    rows.append(collective_case(f"leaf-spine-{big} ring, interleaved", ls, ar, ranks=interleaved))
-
-    print(f"{'case':40s} {'wall s':>8s} {'events':>10s} {'events/s':>10s} {'msgs/s':>9s} "
-          f"{'sim time':>10s} {'recomputes':>10s} {'rate upd':>9s}")  # fmt: skip
-    for r in rows:
+    print()
+    print("| case | events | messages | recomputes | events/s | x raw simpy | messages/s (median) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(f"| raw simpy timeouts | {raw_n:,} | 0 | 0 | {min(raw_rates) / 1e3:.0f}k / "
+          f"{statistics.median(raw_rates) / 1e3:.0f}k | 1 | - |")  # fmt: skip
+    for name, *_ in todo:
+        r = last[name]
+        msg_rate = statistics.median(rates[name]) * r["messages"] / r["events"]
         print(
-            f"{r['case']:40s} {r['wall_s']:8.3f} {r['events']:10d} {r['events'] / r['wall_s']:10.0f} "
-            f"{r['messages'] / r['wall_s']:9.0f} {r['sim_s'] * 1e3:8.3f}ms {r.get('recomputes', 0):10d} "
-            f"{r.get('rate_updates', 0):9d}"
+            f"| {name} | {r['events']:,} | {r['messages']:,} | {r['recomputes']:,} | "
+            f"{min(rates[name]) / 1e3:.0f}k / {statistics.median(rates[name]) / 1e3:.0f}k | "
+            f"{min(ratios[name]):.0%} / {statistics.median(ratios[name]):.0%} | {msg_rate / 1e3:.0f}k |"
         )
+    name, topo, spec, ranks, _ = todo[-1]
     tracemalloc.start()
-    collective_case("mem", ls, ar, ranks=interleaved)
+    collective_case(topo, spec, ranks=ranks)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    print(
-        f"peak Python memory, leaf-spine-{big} interleaved ring all-reduce: {peak / 2**20:.1f} MiB (tracemalloc)"
-    )
+    print()
+    print(f"peak Python memory, {name} all-reduce: {peak / 2**20:.1f} MiB (tracemalloc)")
 
 
 if __name__ == "__main__":

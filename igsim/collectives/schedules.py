@@ -62,9 +62,7 @@ class Schedule:
         self._src: list[int] = []
         self._dst: list[int] = []
         self._size: list[float] = []
-        self._count: list[int] = []
-        self._dep_msg: list[int] = []
-        self._dep_delay: list[float] = []
+        self._deps: list[Sequence[Dep]] = []
 
     def __len__(self) -> int:
         return self._num
@@ -74,10 +72,7 @@ class Schedule:
         self._src.append(src)
         self._dst.append(dst)
         self._size.append(size)
-        self._count.append(len(deps))
-        for d, delay in deps:
-            self._dep_msg.append(d)
-            self._dep_delay.append(delay)
+        self._deps.append(deps)
         self._num += 1
         return self._num - 1
 
@@ -102,12 +97,14 @@ class Schedule:
     def _flush(self) -> None:
         if not self._src:
             return
+        deps = self._deps
         self._blocks.append((
             np.array(self._src, dtype=np.int32), np.array(self._dst, dtype=np.int32),
-            np.array(self._size, dtype=np.float64), np.array(self._count, dtype=np.int32),
-            np.array(self._dep_msg, dtype=np.int64), np.array(self._dep_delay, dtype=np.float64),
+            np.array(self._size, dtype=np.float64), np.array([len(d) for d in deps], dtype=np.int32),
+            np.array([m for ds in deps for m, _ in ds], dtype=np.int64),
+            np.array([delay for ds in deps for _, delay in ds], dtype=np.float64),
         ))  # fmt: skip
-        for part in (self._src, self._dst, self._size, self._count, self._dep_msg, self._dep_delay):
+        for part in (self._src, self._dst, self._size, self._deps):
             part.clear()
 
     def arrays(self) -> ScheduleArrays:
@@ -127,7 +124,10 @@ class Schedule:
             empty_i, empty_f = np.zeros(0, dtype=np.int64), np.zeros(0)
             return ScheduleArrays(src=empty_i, dst=empty_i, size=empty_f, dep_ptr=np.zeros(1, dtype=np.int64),
                                   dep_msg=empty_i, dep_delay=empty_f, tails=tails)  # fmt: skip
-        cols = [np.concatenate(c) if len(self._blocks) > 1 else np.ascontiguousarray(c[0]) for c in zip(*self._blocks)]
+        cols = [
+            np.concatenate(c) if len(self._blocks) > 1 else np.ascontiguousarray(c[0])
+            for c in zip(*self._blocks)
+        ]
         src, dst, size, count, dep_msg, dep_delay = cols
         ptr = np.zeros(len(src) + 1, dtype=np.int64)
         np.cumsum(count, out=ptr[1:])
@@ -293,12 +293,13 @@ def _tree_reduce(s: Schedule, order: Sequence[int], n: float, c: int, entry: Ent
     Returns the root's exit."""
     p, m = len(order), n / c
     red = s.gamma * m
+    children = [_heap_children(v, p) for v in range(p)]
     up: dict[tuple[int, int], int] = {}
     port_last: dict[int, int] = {}  # parent -> last message it received
     for j in range(c):
         for v in range(p - 1, 0, -1):  # children (larger index) first; second child before first
             parent = (v - 1) // 2
-            deps = [(up[(ch, j)], red) for ch in _heap_children(v, p)]
+            deps = [(up[(ch, j)], red) for ch in children[v]]
             if j == 0:
                 deps.extend(entry.get(order[v], []))
             if parent in port_last:
@@ -318,8 +319,9 @@ def _tree_bcast(s: Schedule, order: Sequence[int], n: float, c: int, root_deps: 
     recv: dict[tuple[int, int], int] = {}
     for v in range(p):
         last = None
+        kids = _heap_children(v, p)
         for j in range(c):
-            for ch in _heap_children(v, p):
+            for ch in kids:
                 deps = [(last, 0.0)] if last is not None else []
                 if v == 0:
                     if j == 0:

@@ -122,12 +122,17 @@ class Network:
         self._link_index: dict[tuple[str, str], int] = {}
         self._link_names: list[tuple[str, str]] = []
         self._capacity: list[float] = []
+        self._class_alpha: dict[frozenset[str], float] = {}  # link classes of a path -> calibration alpha
+        self._latency: list[float] = []
+        self._class: list[str] = []
         for u, v, data in topology.graph.edges(data=True):
             cap = self.calibration.capacity_bytes_per_s(data["link_class"], data["bandwidth_bytes_per_s"])
             for a, b in ((u, v), (v, u)):
                 self._link_index[(a, b)] = len(self._link_names)
                 self._link_names.append((a, b))
                 self._capacity.append(cap)
+                self._latency.append(data["latency_s"])
+                self._class.append(data["link_class"])
         self._on_link: list[dict[int, _Flow]] = [{} for _ in self._link_names]
         self._routes: dict[tuple[str, str], tuple[tuple[int, ...], float, float]] = {}  # + bottleneck
         self._num_active = 0  # flows with bytes moving
@@ -155,11 +160,14 @@ class Network:
         key = (src, dst)
         r = self._routes.get(key)
         if r is None:
-            topo = self.topology
-            hops = topo.path_links(src, dst)
-            links = tuple(self._link_index[h] for h in hops)
-            classes = {topo.graph.edges[h]["link_class"] for h in hops}
-            alpha = topo.path_latency_s(src, dst) + self.calibration.message_alpha_s(classes)
+            links = tuple(self._link_index[h] for h in self.topology.path_links(src, dst))
+            # = topology.path_latency_s (the same sum, in the same order) + the calibration's alpha
+            latency = float(sum(self._latency[i] for i in links))
+            classes = frozenset(self._class[i] for i in links)
+            extra = self._class_alpha.get(classes)
+            if extra is None:
+                extra = self._class_alpha[classes] = self.calibration.message_alpha_s(classes)
+            alpha = latency + extra
             cap = min((self._capacity[i] for i in links), default=float("inf"))
             r = self._routes[key] = (links, alpha, cap)
         return r
@@ -339,7 +347,9 @@ class Network:
             flow.last_s = now
             flow.rate = new
             version = flow.version = flow.version + 1
-            heappush(queue, (now + flow.remaining / new, _NORMAL, next(eid), _Finish(finish_cb, flow, version)))
+            heappush(
+                queue, (now + flow.remaining / new, _NORMAL, next(eid), _Finish(finish_cb, flow, version))
+            )
         self.num_rate_updates += updates
 
     def _component(self, links: set[int]) -> tuple[list[_Flow], set[int]]:
