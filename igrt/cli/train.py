@@ -24,7 +24,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from igpolicy.cli_outputs import claim_output_dir
+from igpolicy.cli_util import reading
 from igpolicy.config import PACKINGS, POLICIES, SPARSIFIERS, PolicyConfig
+from igpolicy.limits import check_count
 from igpolicy.step_plan import INTEGRATIONS
 from igrt.train.logs import LOG_FORMATS
 from igrt.workloads import ALL_WORKLOADS, HF_WORKLOAD
@@ -195,10 +198,15 @@ def options_from_args(args: argparse.Namespace):
 
     workload, spec = workload_spec(args)
     config = policy_config(args)
-    plan = SyncPlan.load(args.plan) if args.plan is not None else None
+    check_count(config.release_period, what="--release-period", limit="MAX_RELEASE_PERIOD")
+    plan = None
+    if args.plan is not None:
+        with reading(args.plan, "--plan"):
+            plan = SyncPlan.load(args.plan)
+        check_count(plan.release_period, what=f"--plan {args.plan}: release_period", limit="MAX_RELEASE_PERIOD")
     out = args.out if args.out is not None else Path("runs") / f"{workload}-{config.policy}"
-    if args.nproc < 1:
-        raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
+    check_count(args.nproc, what="--nproc", limit="MAX_LOCAL_RANKS")
+    check_count(args.steps, what="--steps", limit="MAX_TRAIN_STEPS")
     return TrainOptions(
         workload=workload,
         spec=spec,
@@ -236,6 +244,16 @@ def _command_line(args: argparse.Namespace) -> str:
     return shlex.join(parts)
 
 
+def _claim_out(args: argparse.Namespace, out: Path) -> None:
+    """Lock ``--out`` for this run (rank 0 under torchrun); a non-empty folder is refused unless
+    ``--overwrite``, or unless ``--resume`` reads a checkpoint inside it (the run continues there)."""
+    resume = Path(args.resume).resolve() if args.resume is not None else None
+    in_place = resume is not None and (resume == out.resolve() or out.resolve() in resume.parents)
+    rank = int(os.environ.get("RANK", "0"))
+    overwrite = bool(getattr(args, "overwrite", False))
+    claim_output_dir(out, overwrite=overwrite, flag="--out", continue_in_place=in_place, rank=rank)
+
+
 def _mb(x: float) -> str:
     return f"{x / 1e6:.3f} MB"
 
@@ -249,6 +267,7 @@ def run(args: argparse.Namespace) -> int:
     from igrt.workloads import prepare_workload
 
     options = options_from_args(args)
+    _claim_out(args, Path(options.out))
     first_rank = os.environ.get("RANK", "0") == "0"
     note = prepare_workload(options.workload, tiny=args.tiny, seed=args.seed, spec=options.spec)
     if first_rank and not args.quiet:

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from igpolicy.cli_outputs import claim_output_dir
 from igpolicy.units import format_bandwidth, parse_bandwidth
 from igrt.testbed import namespaces as testbed
 from igrt.testbed import netmeasure
@@ -200,10 +201,7 @@ def train_on_testbed(
             "--record-trace"]  # fmt: skip
     args += ["--tiny"] if tiny else []
     args += ["--plan", str(steps_dir / "plan.json")] if policy == "importance" else []
-    port = 29600 + POLICIES.index(policy) if policy in POLICIES else None
-    netmeasure.run_ranks(
-        args, spec=spec, timeout_s=timeout_s, what=f"igrt train --policy {policy}", port=port
-    )
+    netmeasure.run_ranks(args, spec=spec, timeout_s=timeout_s, what=f"igrt train --policy {policy}")
 
 
 def measure_on_testbed(
@@ -260,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
     max_bytes = int(_bottleneck_bytes_per_s(spec) * (0.4 if args.quick else 0.8))
     cases = plan_cases(spec.num_ranks, max_bytes=max_bytes, quick=args.quick)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(out, overwrite=args.overwrite, flag="--out")  # locked until the command ends
     roles = {r: sum(c["role"] == r for c in cases) for r in ("calibration", "validation")}
     slow = spec.slow_rank
     print(

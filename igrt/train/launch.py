@@ -6,7 +6,15 @@ itself (``torch.multiprocessing``, a free localhost port, ``MASTER_ADDR=127.0.0.
 gets one torch thread, the group is created with a timeout (so a stuck collective fails instead of
 hanging forever) and destroyed at the end. A failure on any rank stops the others and is raised in
 the caller naming the rank that failed first (its peers' collectives then fail too); a
-``ValueError`` raised by a rank (a user error) stays a ``ValueError``.
+``ValueError``, ``OSError``, ``OverflowError`` or ``MemoryError`` raised by a rank stays one (so the
+command line reports it in one line, naming the file of an OSError).
+
+Rendezvous: every rank of a spawned launch is on this machine, so its TCP store (hosted by rank 0)
+listens on ``127.0.0.1`` only, never on every interface as ``env://`` would, and gloo talks over
+``lo``. The same holds under a torchrun-style environment whose ``MASTER_ADDR`` is a loopback
+address and that has no torchrun agent store (tests, ``igrt validate`` on loopback). A multi-host
+launch is explicit: ``torchrun --master-addr HOST ...`` (torchrun's own store, on the address it
+is given; see docs/integrations.md).
 
 The function is called as ``fn(ctx, *args)`` with a :class:`RankContext`; its return value (which
 must pickle) comes back in the dict that :func:`launch` returns, keyed by rank.
@@ -17,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import ipaddress
 import os
 import signal
 import socket
@@ -31,10 +40,19 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["BACKENDS", "RankContext", "launch", "resolve_backend"]
+from igpolicy.limits import check_count
+
+__all__ = ["BACKENDS", "LOOPBACK", "RankContext", "launch", "resolve_backend"]
 
 BACKENDS = ("auto", "gloo", "nccl")
+LOOPBACK = "127.0.0.1"  # where a single-host launch's rendezvous store listens
 _TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+# the error types a rank's failure keeps (the rest become RuntimeError with the rank's traceback)
+_KEPT_ERRORS: dict[str, type[BaseException]] = {
+    "ValueError": ValueError,
+    "OverflowError": OverflowError,
+    "MemoryError": MemoryError,
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,8 +85,42 @@ def _under_torchrun() -> bool:
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOOPBACK, 0))
         return int(s.getsockname()[1])
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _loopback_store(rank: int, world_size: int, port: int, timeout_s: float) -> dist.TCPStore:
+    """The rendezvous store of a single-host group: rank 0 hosts it on 127.0.0.1 only (a socket
+    bound there and handed to the store), the others connect to it."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if rank != 0:
+        return dist.TCPStore(LOOPBACK, port, world_size, is_master=False, timeout=timeout)
+    # multi_tenant, as env:// does: a later group in this process on the same port shares the server
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((LOOPBACK, port))
+    except OSError:  # an earlier group's store in this process serves the port (else this fails too)
+        sock.close()
+        return dist.TCPStore(LOOPBACK, port, world_size, is_master=True, timeout=timeout, multi_tenant=True)
+    try:
+        sock.listen(max(128, world_size))
+        store = dist.TCPStore(LOOPBACK, port, world_size, is_master=True, timeout=timeout,
+                              multi_tenant=True, master_listen_fd=sock.fileno())  # fmt: skip
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store's server owns the listening socket now
+    return store
 
 
 def _die_with_parent() -> None:
@@ -92,12 +144,21 @@ def _device(backend: str, local_rank: int) -> torch.device:
 
 
 def _init_group(backend: str, rank: int, world_size: int, timeout_s: float, device: torch.device) -> None:
+    """The process group from the environment (``MASTER_ADDR``/``MASTER_PORT``): on a loopback
+    ``MASTER_ADDR`` (and no torchrun agent store) through :func:`_loopback_store`, else ``env://``."""
     kwargs: dict[str, Any] = {}
     if device.type == "cuda":
         kwargs["device_id"] = device
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    if _is_loopback(os.environ.get("MASTER_ADDR", "")) and not agent_store:
+        if os.path.exists("/sys/class/net/lo"):  # every rank is on this host: gloo on loopback too
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        port = int(os.environ["MASTER_PORT"])
+        kwargs["store"] = _loopback_store(rank, world_size, port, timeout_s)
+    else:
+        kwargs["init_method"] = "env://"
     dist.init_process_group(
         backend=backend,
-        init_method="env://",
         rank=rank,
         world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
@@ -110,7 +171,7 @@ def _spawned_main(
 ) -> None:
     """Entry point of a spawned rank: env, one thread, the group, ``fn``, then teardown."""
     os.environ.update(
-        MASTER_ADDR="127.0.0.1",
+        MASTER_ADDR=LOOPBACK,
         MASTER_PORT=str(port),
         RANK=str(index),
         WORLD_SIZE=str(nproc),
@@ -131,7 +192,7 @@ def _spawned_main(
         result = fn(ctx, *args)
         queue.put(("ok", index, result))
     except BaseException as e:
-        info = (type(e).__name__, str(e), traceback.format_exc(), isinstance(e, ValueError), time.time())
+        info = (type(e).__name__, str(e), traceback.format_exc(), _kept_error(e), time.time())
         queue.put(("error", index, info))
         raise
     finally:
@@ -162,6 +223,16 @@ def _run_under_torchrun(fn: Callable, args: tuple, backend: str, timeout_s: floa
             dist.destroy_process_group()
 
 
+def _kept_error(e: BaseException) -> tuple | None:
+    """What it takes to raise ``e`` again in the launcher: (kind, args), or None (a RuntimeError)."""
+    if isinstance(e, OSError):
+        return ("OSError", (e.errno, e.strerror or str(e), e.filename, e.filename2))
+    for name, kind in _KEPT_ERRORS.items():
+        if isinstance(e, kind):
+            return (name, (str(e),))
+    return None
+
+
 def _raise_rank_error(errors: dict[int, tuple], index: int, fallback: BaseException) -> None:
     """Raise the first error in time (a rank that failed first makes its peers' collectives fail)."""
     if errors:
@@ -169,9 +240,14 @@ def _raise_rank_error(errors: dict[int, tuple], index: int, fallback: BaseExcept
     info = errors.get(index)
     if info is None:
         raise RuntimeError(f"rank {index} failed: {fallback}") from None
-    name, message, tb, is_value_error, _ = info
-    if is_value_error:
-        raise ValueError(f"rank {index}: {message}") from None
+    name, message, tb, kept, _ = info
+    if kept is not None and kept[0] == "OSError":
+        errno, strerror, filename, filename2 = kept[1]
+        if errno is None:
+            raise OSError(f"rank {index}: {strerror}") from None
+        raise OSError(errno, f"rank {index}: {strerror}", filename, None, filename2) from None
+    if kept is not None:
+        raise _KEPT_ERRORS[kept[0]](f"rank {index}: {kept[1][0]}") from None
     raise RuntimeError(
         f"rank {index} failed with {name}: {message}\n--- rank {index} traceback ---\n{tb}"
     ) from None
@@ -195,16 +271,16 @@ def launch(
 
     ``backend``: ``gloo``, ``nccl`` or ``auto`` (nccl when CUDA has >= nproc devices). ``timeout_s``:
     the process group's timeout, seconds — a collective that waits longer fails on that rank.
-    Raises ValueError (bad arguments, or a ValueError raised on a rank, prefixed ``rank N:``) or
-    RuntimeError (any other failure, with the failing rank and its traceback).
+    Raises ValueError (bad arguments, ``nproc`` above ``igpolicy.limits.MAX_LOCAL_RANKS``), the
+    ValueError, OSError, OverflowError or MemoryError a rank raised (its message prefixed ``rank N:``),
+    or RuntimeError (any other failure, with the failing rank and its traceback).
     """
     if _under_torchrun():
         world_size = int(os.environ["WORLD_SIZE"])
         return _run_under_torchrun(
             fn, tuple(args), resolve_backend(backend, min(world_size, nproc)), timeout_s
         )
-    if not isinstance(nproc, int) or nproc < 1:
-        raise ValueError(f"nproc must be an integer >= 1, got {nproc!r}")
+    check_count(nproc, what="nproc", limit="MAX_LOCAL_RANKS")
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
     backend = resolve_backend(backend, nproc)

@@ -582,14 +582,30 @@ def step_statistics(
     }
 
 
+def _write_atomically(path: Path, write) -> None:
+    """``write(tmp)`` then rename ``tmp`` to ``path``; a failure removes ``tmp`` (nothing half-written
+    under the final name, no ``.tmp`` left behind)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        write(tmp)
+        tmp.replace(path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 def _write_outputs(out: Path, *, options: TrainOptions, outcome: RankOutcome, model, ctx) -> None:
+    """Rank 0's files in ``out`` (the folder ``igrt train`` claimed before the run), each written
+    atomically; ``summary.json`` last, so its presence marks a finished run."""
     out.mkdir(parents=True, exist_ok=True)
     log = MetricsLog()
     for r in outcome.rows:
         log.append(r)
-    log.write_csv(out / "metrics.csv")
-    torch.save(model.state_dict(), out / "model.pt")
-    (out / "eval.json").write_text(json.dumps(list(outcome.evals), indent=2) + "\n")
+    _write_atomically(out / "metrics.csv", log.write_csv)
+    _write_atomically(out / "model.pt", lambda p: torch.save(model.state_dict(), p))
+    evals = json.dumps(list(outcome.evals), indent=2) + "\n"
+    _write_atomically(out / "eval.json", lambda p: p.write_text(evals))
     last = [r for r in outcome.rows if r.step == options.steps - 1]
     flush = {
         k: sum(getattr(r, k) for r in outcome.flush_rows) / max(len(outcome.flush_rows), 1)
@@ -630,14 +646,13 @@ def _write_outputs(out: Path, *, options: TrainOptions, outcome: RankOutcome, mo
         "record_trace": bool(options.record_trace),
     }
     if plan is not None:
-        plan.save(out / "plan.json")
+        _write_atomically(out / "plan.json", plan.save)
         summary["files"].append("plan.json")
     if options.record_trace:
-        _write_ops(out / "ops.csv", outcome.op_rows)
+        _write_atomically(out / "ops.csv", lambda p: _write_ops(p, outcome.op_rows))
         summary["files"] += ["trace/", "ops.csv"]
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
-    tmp.replace(out / "summary.json")
+    text = json.dumps(summary, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n"
+    _write_atomically(out / "summary.json", lambda p: p.write_text(text))
 
 
 def _write_ops(path: Path, rows: tuple[dict[str, Any], ...]) -> None:

@@ -16,7 +16,8 @@ COMMANDS = {
     "validate-against": ("igsim.cli.validate", "compare a prediction with a runtime measurement"),
     "validate-report": ("igsim.cli.validate_report", "fit a calibration to testbed measurements and report errors"),
 }
+FOLDERS = {"demo": None, "replay": None}  # commands that claim an output folder (igpolicy.cli_outputs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return dispatch(prog="igsim", description=__doc__ or "", commands=COMMANDS, argv=argv)
+    return dispatch(prog="igsim", description=__doc__ or "", commands=COMMANDS, argv=argv, folders=FOLDERS)

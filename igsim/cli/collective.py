@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from igpolicy.cli_util import reading
+from igpolicy.limits import check_count
 from igpolicy.units import (
     format_bandwidth,
     format_bytes,
@@ -60,12 +62,14 @@ _BUS_FACTOR = {
 
 def run(args: argparse.Namespace) -> int:
     if args.topology:
-        topo = load_topology(args.topology)
+        with reading(args.topology, "--topology"):
+            topo = load_topology(args.topology)
         if args.ranks is not None and args.ranks != topo.num_ranks:
             raise ValueError(f"--ranks {args.ranks} but {args.topology} has {topo.num_ranks} ranks")
     else:
         if args.ranks is None or args.bandwidth is None:
             raise ValueError("give --ranks and --bandwidth (a star), or --topology FILE")
+        check_count(args.ranks, what="--ranks", limit="MAX_RANKS")
         latency_s = parse_time(args.latency)
         topo = star(
             num_ranks=args.ranks,
@@ -85,7 +89,10 @@ def run(args: argparse.Namespace) -> int:
         if args.size is None:
             raise ValueError(f"--op {args.op} needs --size (bytes per rank, e.g. 100MB)")
         n = float(parse_size(args.size))
-    calibration = Calibration.load(args.calibration) if args.calibration else None
+    calibration = None
+    if args.calibration:
+        with reading(args.calibration, "--calibration"):
+            calibration = Calibration.load(args.calibration)
     spec = CollectiveSpec(op=args.op, algorithm=args.algorithm, size_bytes=0.0 if sizes else n, sizes_bytes=sizes,
                           num_chunks=args.chunks, root=args.root)  # fmt: skip
     result = predict_collective(spec, topo, calibration=calibration, mode=args.mode)

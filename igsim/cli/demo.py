@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from igpolicy.cli_outputs import claim_output_dir
 from igpolicy.config import PolicyConfig
 from igpolicy.units import format_bandwidth, format_bytes, format_time
 from igpolicy.vocab import ComponentClass
@@ -54,17 +55,18 @@ def _find_trace(args: argparse.Namespace) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from igsim.cli.options import format_plan_table
+    from igsim.cli.options import check_workers, format_plan_table
     from igsim.step.workload import Workload
     from igsim.studies.sweep import format_sweep_table, plot_sweep, run_sweep, write_sweep_csv
     from traces.profiling import profile_trace
 
+    check_workers(args.workers)
     trace = _find_trace(args)
     if trace is None:
         return 1
     grid = QUICK if args.quick else FULL
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(out, overwrite=args.overwrite, flag="--out")  # locked until the command ends
     t0 = time.perf_counter()
 
     plan, scores, result = profile_trace(trace, release_period=4)

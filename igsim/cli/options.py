@@ -6,21 +6,58 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from igpolicy.cli_outputs import check_output_file
+from igpolicy.cli_util import reading
 from igpolicy.config import PACKINGS, POLICIES, SPARSIFIERS, PolicyConfig
+from igpolicy.limits import check_count
 from igpolicy.plan import SyncPlan, compare_plans
 from igpolicy.units import format_bytes, parse_bandwidth, parse_size, parse_time
 from igsim.step.workload import Workload
 
 __all__ = [
     "add_policy_arguments",
+    "check_output_files",
+    "check_sim_steps",
+    "check_workers",
     "format_plan_table",
     "load_calibration",
+    "load_plan",
     "make_config",
     "make_topology",
     "make_workload",
     "parse_window",
     "plan_for",
 ]
+
+
+def check_output_files(args: argparse.Namespace, *names: str) -> None:
+    """Every output file named by the flags ``names`` (``args`` attributes, e.g. "csv") can be
+    written: checked before the work (igpolicy.cli_outputs.check_output_file)."""
+    for name in names:
+        value = getattr(args, name, None)
+        if value:
+            check_output_file(value, flag="--" + name.replace("_", "-"))
+
+
+def check_sim_steps(steps: int) -> int:
+    """``--steps`` in [1, igpolicy.limits.MAX_SIM_STEPS]."""
+    return check_count(steps, what="--steps", limit="MAX_SIM_STEPS")
+
+
+def check_workers(workers: int) -> int:
+    """``--workers`` in [1, igpolicy.limits.MAX_WORKERS] (each one is a process)."""
+    return check_count(workers, what="--workers", limit="MAX_WORKERS")
+
+
+def load_plan(path: str | None, *, flag: str = "--plan") -> SyncPlan | None:
+    """The SyncPlan in ``path`` (None without one); ValueError naming the file for anything wrong
+    with it, a number too large included, and for a release period above MAX_RELEASE_PERIOD."""
+    if not path:
+        return None
+    with reading(path, flag):
+        plan = SyncPlan.load(path)
+    check_count(plan.release_period, what=f"{flag} {path}: release_period", limit="MAX_RELEASE_PERIOD")
+    return plan
 
 
 def parse_window(text: str | None) -> tuple[int, int] | None:
@@ -85,6 +122,7 @@ def make_config(
     """A PolicyConfig from the policy flags (``policy`` overrides ``--policy``); without
     ``--density``, the density the workload's trace was recorded at (else 0.01)."""
     policy = policy or args.policy
+    check_count(args.release_period, what="--release-period", limit="MAX_RELEASE_PERIOD")
     density = args.density
     if density is None:
         density = workload.k_density if workload is not None and workload.k_density is not None else 0.01
@@ -108,9 +146,9 @@ def make_topology(args: argparse.Namespace) -> Any:
     from igsim.net import topology as topo
 
     if args.topology:
-        return topo.load_topology(args.topology)
-    if args.ranks < 1:
-        raise ValueError(f"--ranks {args.ranks}: must be >= 1")
+        with reading(args.topology, "--topology"):
+            return topo.load_topology(args.topology)
+    check_count(args.ranks, what="--ranks", limit="MAX_RANKS")
     return topo.star(
         num_ranks=args.ranks,
         bandwidth_bytes_per_s=parse_bandwidth(args.bandwidth),
@@ -123,14 +161,16 @@ def load_calibration(path: str | None) -> Any:
         return None
     from igsim.net.calibration import Calibration
 
-    return Calibration.load(path)
+    with reading(path, "--calibration"):
+        return Calibration.load(path)
 
 
 def make_workload(args: argparse.Namespace) -> Workload:
     """The workload of ``--trace`` (with ``--window``) or ``--model`` (roofline)."""
     if args.trace:
-
-        return Workload.from_trace(args.trace, window=parse_window(args.window))
+        window = parse_window(args.window)
+        with reading(args.trace, "--trace"):
+            return Workload.from_trace(args.trace, window=window)
     from igsim.step.architectures import architecture_workload
 
     return architecture_workload(

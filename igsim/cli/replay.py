@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from igpolicy.cli_outputs import claim_output_dir
+from igpolicy.cli_util import reading
 from igpolicy.units import parse_bandwidth, parse_time
 
 __all__ = ["add_arguments", "run"]
@@ -31,18 +33,22 @@ def run(args: argparse.Namespace) -> int:
     from igsim.net.topology import load_topology, star
     from igsim.studies.replay import format_replay, load_run, replay_run
 
-    inputs = load_run(args.run_dir)  # checks the folder before anything else
+    with reading(args.run_dir, "run folder"):
+        inputs = load_run(args.run_dir)  # checks the folder before anything else
     topology = None  # replay_run's nominal star
     if args.topology:
-        topology = load_topology(args.topology)
+        with reading(args.topology, "--topology"):
+            topology = load_topology(args.topology)
     elif args.bandwidth or args.latency:
         topology = star(
             num_ranks=inputs.world_size,
             bandwidth_bytes_per_s=parse_bandwidth(args.bandwidth or "10Gbps"),
             latency_s=parse_time(args.latency or "50us") / 2,
         )
-    rep = replay_run(args.run_dir, topology=topology, calibration=load_calibration(args.calibration), mode=args.mode)
+    calibration = load_calibration(args.calibration)
     out = args.out if args.out is not None else Path(args.run_dir) / "replay"
+    claim_output_dir(out, overwrite=args.overwrite, flag="--out")  # before the work; locked until the end
+    rep = replay_run(args.run_dir, topology=topology, calibration=calibration, mode=args.mode)
     paths = rep.write(out)
     print(format_replay(rep, max_rows=args.rows))
     print("wrote " + ", ".join(str(p) for p in paths))

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 
-from igpolicy.plan import SyncPlan
 from igpolicy.units import format_bandwidth, format_time, parse_bandwidth, parse_time
 from igsim.cli.options import (
     add_policy_arguments,
+    check_output_files,
+    check_sim_steps,
     load_calibration,
+    load_plan,
     make_config,
     make_topology,
     make_workload,
@@ -69,11 +71,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.steps < 1:
-        raise ValueError(f"--steps {args.steps}: must be >= 1")
+    check_sim_steps(args.steps)
+    check_output_files(args, "csv", "json", "chrome_trace")  # before the work, not after it
     workload = make_workload(args)
     config = make_config(args, workload=workload)
-    plan = SyncPlan.load(args.plan) if args.plan else None
+    plan = load_plan(args.plan)
     if config.policy == "importance" and plan is None:
         raise ValueError(
             "--policy importance needs --plan plan.json (make one with: igsim profile TRACE -o plan.json)"

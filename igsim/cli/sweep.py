@@ -17,9 +17,18 @@ from __future__ import annotations
 import argparse
 
 from igpolicy.config import POLICIES
-from igpolicy.plan import SyncPlan
+from igpolicy.limits import check_count
 from igpolicy.units import parse_bandwidth, parse_time
-from igsim.cli.options import add_policy_arguments, make_config, make_workload, plan_for
+from igsim.cli.options import (
+    add_policy_arguments,
+    check_output_files,
+    check_sim_steps,
+    check_workers,
+    load_plan,
+    make_config,
+    make_workload,
+    plan_for,
+)
 from igsim.step.engine import MODES
 from igsim.studies.sweep import (
     EXECUTORS,
@@ -79,12 +88,11 @@ def run(args: argparse.Namespace) -> int:
         sizes = [int(w) for w in parse_list(args.ranks, "ranks")]
     except ValueError:
         raise ValueError(f"--ranks {args.ranks!r}: expected integers, e.g. 8,64,512") from None
-    if any(w < 1 for w in sizes):
-        raise ValueError(f"--ranks {args.ranks!r}: world sizes must be >= 1")
-    if args.steps < 1:
-        raise ValueError(f"--steps {args.steps}: must be >= 1")
-    if args.workers < 1:
-        raise ValueError(f"--workers {args.workers}: must be >= 1")
+    for w in sizes:
+        check_count(w, what="--ranks: world size", limit="MAX_RANKS")
+    check_sim_steps(args.steps)
+    check_workers(args.workers)  # also Ray's local cluster: a process per CPU it is given
+    check_output_files(args, "csv", "png")  # before the work, not after it
     if args.address is not None and args.executor != "ray":
         raise ValueError("--address needs --executor ray")
     if args.executor == "process" and args.workers > available_cpus():
@@ -93,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         )
     workload = make_workload(args)
     config = make_config(args, workload=workload)
-    plan = SyncPlan.load(args.plan) if args.plan else None
+    plan = load_plan(args.plan)
     if "importance" in policies and plan is None:
         if not args.trace:
             raise ValueError("--policies importance with --model needs --plan plan.json")

@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from igpolicy.cli_outputs import check_output_file
+from igpolicy.cli_util import reading
 from igsim.studies import validation as v
 
 __all__ = ["add_arguments", "format_report", "main", "run"]
@@ -41,7 +43,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    tb, cases, raw = v.load_measurements(args.measurements)
+    if args.out:  # igrt validate's folder (which holds its lock) or one of its own: files are checked
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out}: exists and is not a folder")
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("calibration.json", "report.json"):
+            check_output_file(out / name, flag="--out")
+    with reading(args.measurements, "measurements"):
+        tb, cases, raw = v.load_measurements(args.measurements)
     topo = v.testbed_topology(tb)
     fit = v.fit(
         cases,

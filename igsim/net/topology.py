@@ -32,6 +32,8 @@ from typing import Any
 
 import networkx as nx
 
+from igpolicy.limits import MAX_TOPOLOGY_LINKS, MAX_TOPOLOGY_NODES, check_count
+
 __all__ = ["LINK_ATTRS", "NODE_KINDS", "Topology", "apply_link_overrides", "check_link", "leaf_spine",
            "load_topology", "ring", "star", "two_level"]  # fmt: skip
 
@@ -267,7 +269,18 @@ def _built(g: nx.Graph, ranks: list[str], *, kind: str, name: str, params: dict[
 def _rank_names(num_ranks: int) -> list[str]:
     if int(num_ranks) < 1:
         raise ValueError(f"num_ranks={num_ranks!r} must be >= 1")
+    check_count(int(num_ranks), what="num_ranks", limit="MAX_RANKS")
     return [f"r{i}" for i in range(int(num_ranks))]
+
+
+def _check_size(kind: str, *, num_nodes: int, num_links: int) -> None:
+    """ValueError before a builder makes a graph above :data:`igpolicy.limits.MAX_TOPOLOGY_NODES`
+    nodes or ``MAX_TOPOLOGY_LINKS`` links."""
+    if num_nodes > MAX_TOPOLOGY_NODES or num_links > MAX_TOPOLOGY_LINKS:
+        raise ValueError(
+            f"{kind}: {num_nodes:,} nodes and {num_links:,} links; at most {MAX_TOPOLOGY_NODES:,} nodes "
+            f"and {MAX_TOPOLOGY_LINKS:,} links (igpolicy.limits.MAX_TOPOLOGY_NODES, MAX_TOPOLOGY_LINKS)"
+        )
 
 
 def star(
@@ -344,7 +357,11 @@ def two_level(
         raise ValueError(
             f"two_level: num_nodes={num_nodes!r}, ranks_per_node={ranks_per_node!r} must be >= 1"
         )
-    ranks = _rank_names(num_nodes * ranks_per_node)
+    p = int(num_nodes) * int(ranks_per_node)
+    check_count(p, what=f"two_level: {num_nodes} x {ranks_per_node} ranks =", limit="MAX_RANKS")
+    nics = int(num_nodes) if shared_nic else p
+    _check_size("two_level", num_nodes=1 + int(num_nodes) + nics + p, num_links=2 * nics + p)
+    ranks = _rank_names(p)
     g = nx.Graph()
     g.add_node("core", kind="switch")
     groups = []
@@ -401,6 +418,8 @@ def leaf_spine(
         raise ValueError(f"leaf_spine: oversubscription={oversubscription!r} must be > 0 and finite")
     ranks = _rank_names(num_ranks)
     num_leaves = -(-len(ranks) // ranks_per_leaf)
+    _check_size("leaf_spine", num_nodes=len(ranks) + num_leaves + int(num_spines),
+                num_links=len(ranks) + num_leaves * int(num_spines))  # fmt: skip
     up_bw = ranks_per_leaf * bandwidth_bytes_per_s / (oversubscription * num_spines)
     g = nx.Graph()
     for s in range(num_spines):

@@ -15,12 +15,13 @@ from typing import Any
 import networkx as nx
 
 from igpolicy.config import check_keys
+from igpolicy.limits import MAX_RANKS, MAX_TOPOLOGY_LINKS, MAX_TOPOLOGY_NODES
 from igpolicy.units import parse_bandwidth, parse_time
 from igsim.net.topology import Topology, apply_link_overrides, leaf_spine, ring, star, two_level
 
 __all__ = ["load_topology"]
 
-MAX_COUNT = 1 << 16  # ranks, nodes, spines: a file asking for more is a mistake, not a cluster
+MAX_COUNT = MAX_TOPOLOGY_NODES  # any one count (ranks, nodes, spines); the builders bound the totals
 
 
 def _count(value: Any) -> int:
@@ -207,6 +208,15 @@ def _from_builder(data: Mapping[str, Any], *, where: str) -> Topology:
 def _from_links(data: Mapping[str, Any], *, where: str) -> Topology:
     allowed = {"name", "ranks", "switches", "nics", "groups", "links", "overrides"}
     check_keys(data, allowed=allowed, required={"ranks", "links"}, where=where)
+    sizes = {key: len(data.get(key) or ()) for key in ("ranks", "switches", "nics", "links")}
+    if sizes["ranks"] > MAX_RANKS:
+        raise ValueError(f"{where}: {sizes['ranks']:,} ranks; at most {MAX_RANKS:,} (igpolicy.limits.MAX_RANKS)")
+    num_nodes = sizes["ranks"] + sizes["switches"] + sizes["nics"]
+    if num_nodes > MAX_TOPOLOGY_NODES or sizes["links"] > MAX_TOPOLOGY_LINKS:
+        raise ValueError(
+            f"{where}: {num_nodes:,} nodes and {sizes['links']:,} links; at most {MAX_TOPOLOGY_NODES:,} "
+            f"nodes and {MAX_TOPOLOGY_LINKS:,} links (igpolicy.limits.MAX_TOPOLOGY_NODES, MAX_TOPOLOGY_LINKS)"
+        )
     g = nx.Graph()
     for key, kind in (("ranks", "rank"), ("switches", "switch"), ("nics", "nic")):
         names = data.get(key) or []
