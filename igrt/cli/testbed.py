@@ -1,4 +1,12 @@
-"""``igrt testbed up|down|status``: the network-namespace testbed (needs root)."""
+"""``igrt testbed up|down|status``: the network-namespace testbed (needs root).
+
+    igrt testbed up --ranks 4 --rate 100Mbit       # prints the run id, e.g. 3f9c01ab
+    igrt testbed down --run-id 3f9c01ab            # removes that testbed only
+    igrt testbed down --all                        # removes every testbed (explicitly)
+
+Each testbed's namespaces carry its run id (:mod:`igrt.testbed.namespaces`), so ``down`` removes
+only the testbed it names: another run's (``igrt validate``, a study) is never touched by accident.
+"""
 
 from __future__ import annotations
 
@@ -16,11 +24,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--uplink-rate", default=None, help="rate of the inter-bridge link (default: --rate)")
     p.add_argument("--hetero", action="store_true", help="make the last rank's NIC slower")
     p.add_argument("--slow-rate", default=None, help="rate of the slow NIC with --hetero (default: rate/4)")
+    p.add_argument("--run-id", default=None, help="down: the testbed to remove (printed by up); up: its id")
+    p.add_argument("--all", action="store_true", help="down: remove every testbed of every run")
 
 
 def spec_from_args(args: argparse.Namespace) -> testbed.TestbedSpec:
     rate = parse_bandwidth(args.rate)
+    ids = {"run_id": args.run_id} if getattr(args, "run_id", None) else {}
     return testbed.TestbedSpec(
+        **ids,
         num_ranks=args.ranks,
         rate_bytes_per_s=rate,
         two_level=args.two_level,
@@ -35,11 +47,15 @@ def spec_from_args(args: argparse.Namespace) -> testbed.TestbedSpec:
 def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "down":
-            removed = testbed.teardown()
+            if args.all == (args.run_id is not None):
+                raise ValueError("down: give --run-id RUN (printed by `igrt testbed up`) or --all")
+            removed = testbed.teardown_all() if args.all else testbed.teardown(args.run_id)
             print(f"removed {len(removed)} namespaces" + (f": {' '.join(removed)}" if removed else ""))
         elif args.action == "status":
             found = testbed.leftovers()
             print("testbed namespaces: " + (" ".join(found) if found else "none"))
+            for run in testbed.run_ids():
+                print(f"  run {run}: {' '.join(testbed.leftovers(run))}")
         else:
             spec = spec_from_args(args)
             testbed.setup(spec)
@@ -54,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
             )
             for r in range(spec.num_ranks):
                 print(f"  rank {r}: namespace {spec.rank_ns(r)}  address {spec.rank_addr(r)}")
-            print("tear down with: igrt testbed down")
+            print(f"run id {spec.run_id}; tear down with: igrt testbed down --run-id {spec.run_id}")
     except testbed.TestbedError as e:
         raise ValueError(str(e)) from None
     return 0

@@ -108,7 +108,15 @@ def prepare_config(
     else:
         options = sync
     zero = ds_config.get("zero_optimization") or {}
-    stage = int(zero.get("stage", 0)) if isinstance(zero, Mapping) else 0
+    if isinstance(zero, bool):  # DeepSpeed's legacy form: true means ZeRO stage 1
+        raise ValueError(
+            f"DeepSpeed config: zero_optimization=true (DeepSpeed's legacy form of ZeRO stage 1) is not "
+            f"supported with {SECTION}: ZeRO stage 1 partitions the optimizer state and reduces gradients "
+            'itself; use "zero_optimization": {"stage": 0} or leave it out'
+        )
+    if not isinstance(zero, Mapping):
+        raise ValueError(f"DeepSpeed config: zero_optimization={zero!r} must be a mapping with a 'stage'")
+    stage = int(zero.get("stage", 0))
     if stage != 0:
         raise ValueError(
             f"DeepSpeed config: zero_optimization.stage={stage} is not supported with {SECTION}: "
@@ -131,6 +139,12 @@ def prepare_config(
         raise ValueError(
             f"DeepSpeed config: an 'optimizer' section is not supported with {SECTION}; pass a torch "
             "optimizer object instead (optimizer=torch.optim.AdamW(model.parameters(), lr=...))"
+        )
+    if ds_config.get("sparse_gradients"):
+        raise ValueError(
+            f"DeepSpeed config: sparse_gradients={ds_config['sparse_gradients']!r} makes DeepSpeed's own "
+            f"all-reduce send embedding gradients sparse, but {SECTION} turns that all-reduce off (it "
+            f"would be ignored); remove it (our sparsification: 'sparsifier' and 'density' in {SECTION!r})"
         )
     for key, unset in _ALLREDUCE_KEYS.items():
         if key in ds_config and ds_config[key] != unset:

@@ -1,31 +1,50 @@
 """A real network testbed from Linux network namespaces, veth pairs, bridges and ``tc`` shapers.
 
-One namespace per rank (``igtb-r0`` …), each joined by a veth pair to a bridge inside a switch namespace
-(``igtb-sw``). Every rank link is shaped in both directions with a token-bucket filter (``tbf``): on the
+One namespace per rank (``igtb-<run>-r0`` …), each joined by a veth pair to a bridge inside a switch
+namespace (``igtb-<run>-sw``). Every rank link is shaped in both directions with a token-bucket filter (``tbf``): on the
 rank side for rank → switch, on the switch side for switch → rank. The two-level variant puts half the
 ranks on a second bridge and joins the two bridges with one veth pair shaped to ``uplink_rate``; the
 heterogeneous variant gives one rank a slower NIC.
 
 Addresses are 10.213.0.(i+1)/24 and exist only inside these namespaces: no route leads anywhere else.
 ``netem`` is not in this kernel, so latency cannot be injected; the stack's own per-message overhead is
-what calibration fits. Everything is named with the ``igtb-`` prefix, so :func:`teardown` (also run
-before every set-up) removes what a crashed run left behind.
+what calibration fits.
+
+Every name carries the run's id (``TestbedSpec.run_id``, random per spec), so several testbeds can
+exist side by side and a run removes only its own namespaces: :func:`teardown` takes the run id and
+never touches another run's. What a crashed run left behind stays until ``igrt testbed down --run-id
+RUN`` (or ``--all``, explicitly) removes it; :func:`leftovers` lists it.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import shutil
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["PREFIX", "Testbed", "TestbedError", "TestbedSpec", "leftovers", "teardown"]
+__all__ = ["PREFIX", "Testbed", "TestbedError", "TestbedSpec", "leftovers", "new_run_id", "run_ids",
+           "teardown", "teardown_all"]  # fmt: skip
 
 PREFIX = "igtb-"
-SWITCH_NS = f"{PREFIX}sw"
 SUBNET = "10.213.0"
 RANK_IFNAME = "eth0"
+_RUN_ID = re.compile(r"[0-9a-z]{4,16}")
+_NS_NAME = re.compile(rf"{re.escape(PREFIX)}(?P<run>[0-9a-z]{{4,16}})-(?:sw|r\d+)")
+
+
+def new_run_id() -> str:
+    """A random run id (8 hex digits): namespace names no other run can guess or share."""
+    return secrets.token_hex(4)
+
+
+def _check_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+        raise ValueError(f"testbed: run id {run_id!r} must be 4-16 lowercase letters or digits")
+    return run_id
 
 
 class TestbedError(RuntimeError):
@@ -52,8 +71,10 @@ class TestbedSpec:
     slow_rank: int | None = None
     slow_rate_bytes_per_s: float | None = None
     mtu: int = 1500
+    run_id: str = field(default_factory=new_run_id)
 
     def __post_init__(self) -> None:
+        _check_run_id(self.run_id)
         if not 2 <= self.num_ranks <= 64:
             raise ValueError(f"testbed: num_ranks must be in [2, 64], got {self.num_ranks}")
         if not self.rate_bytes_per_s > 0:
@@ -66,8 +87,16 @@ class TestbedSpec:
         if self.two_level and self.num_ranks < 4:
             raise ValueError("testbed: the two-level variant needs at least 4 ranks")
 
+    @property
+    def switch_ns(self) -> str:
+        return f"{PREFIX}{self.run_id}-sw"
+
     def rank_ns(self, rank: int) -> str:
-        return f"{PREFIX}r{rank}"
+        return f"{PREFIX}{self.run_id}-r{rank}"
+
+    def namespaces(self) -> list[str]:
+        """Every namespace of this testbed, the switch first."""
+        return [self.switch_ns, *(self.rank_ns(r) for r in range(self.num_ranks))]
 
     def rank_addr(self, rank: int) -> str:
         return f"{SUBNET}.{rank + 1}"
@@ -123,16 +152,34 @@ def _tbf(ns: str, dev: str, rate_bytes_per_s: float, mtu: int) -> None:
     )
 
 
-def leftovers() -> list[str]:
-    """Namespaces with the testbed prefix that exist now (e.g. after a crash)."""
+def leftovers(run_id: str | None = None) -> list[str]:
+    """Testbed namespaces that exist now: run ``run_id``'s, or (None) every run's, e.g. after a crash."""
     if shutil.which("ip") is None:
         return []
     out = _run(["ip", "netns", "list"], check=False).stdout
-    return sorted(line.split()[0] for line in out.splitlines() if line.startswith(PREFIX))
+    names = sorted(line.split()[0] for line in out.splitlines() if line.startswith(PREFIX))
+    if run_id is None:
+        return names
+    _check_run_id(run_id)
+    return [n for n in names if (m := _NS_NAME.fullmatch(n)) is not None and m["run"] == run_id]
 
 
-def teardown() -> list[str]:
-    """Delete every testbed namespace (veths and bridges go with them). Returns what was removed."""
+def run_ids() -> list[str]:
+    """The ids of the runs whose testbed namespaces exist now."""
+    return sorted({m["run"] for n in leftovers() if (m := _NS_NAME.fullmatch(n)) is not None})
+
+
+def teardown(run_id: str) -> list[str]:
+    """Delete run ``run_id``'s namespaces (veths and bridges go with them), no other run's.
+    Returns what was removed."""
+    removed = leftovers(run_id)
+    for ns in removed:
+        _run(["ip", "netns", "del", ns], check=False)
+    return removed
+
+
+def teardown_all() -> list[str]:
+    """Delete every testbed namespace of every run (``igrt testbed down --all``). Returns them."""
     removed = leftovers()
     for ns in removed:
         _run(["ip", "netns", "del", ns], check=False)
@@ -148,7 +195,7 @@ def check_support() -> None:
             raise TestbedError(f"the testbed needs `{tool}` (Debian package iproute2)")
     if os.geteuid() != 0:
         raise TestbedError("the testbed needs root (network namespaces and tc); run as root or skip")
-    probe = f"{PREFIX}probe"
+    probe = f"{PREFIX}probe-{secrets.token_hex(4)}"  # never another run's name
     proc = _run(["ip", "netns", "add", probe], check=False)
     if proc.returncode != 0:
         raise TestbedError(f"network namespaces are not allowed here: {proc.stderr.strip()}")
@@ -156,29 +203,33 @@ def check_support() -> None:
 
 
 def setup(spec: TestbedSpec) -> None:
-    """Build the testbed described by ``spec`` (after removing any leftovers)."""
+    """Build the testbed described by ``spec`` in namespaces of its own run id (other runs' testbeds
+    are left alone); on a failure, remove what was built."""
     check_support()
-    teardown()
+    taken = leftovers(spec.run_id)
+    if taken:
+        raise TestbedError(f"testbed run id {spec.run_id} is in use already ({' '.join(taken)})")
+    sw = spec.switch_ns
     try:
-        _run(["ip", "netns", "add", SWITCH_NS])
-        _run(_ns(SWITCH_NS, "ip", "link", "set", "lo", "up"))
+        _run(["ip", "netns", "add", sw])
+        _run(_ns(sw, "ip", "link", "set", "lo", "up"))
         bridges = ["br0", "br1"] if spec.two_level else ["br0"]
         for br in bridges:
-            _run(_ns(SWITCH_NS, "ip", "link", "add", br, "type", "bridge"))
-            _run(_ns(SWITCH_NS, "ip", "link", "set", br, "up"))
+            _run(_ns(sw, "ip", "link", "add", br, "type", "bridge"))
+            _run(_ns(sw, "ip", "link", "set", br, "up"))
         if spec.two_level:
-            _run(_ns(SWITCH_NS, "ip", "link", "add", "up0", "type", "veth", "peer", "name", "up1"))
+            _run(_ns(sw, "ip", "link", "add", "up0", "type", "veth", "peer", "name", "up1"))
             for dev, br in (("up0", "br0"), ("up1", "br1")):
-                _run(_ns(SWITCH_NS, "ip", "link", "set", dev, "master", br))
-                _run(_ns(SWITCH_NS, "ip", "link", "set", dev, "up"))
-                _tbf(SWITCH_NS, dev, spec.uplink_rate, spec.mtu)
+                _run(_ns(sw, "ip", "link", "set", dev, "master", br))
+                _run(_ns(sw, "ip", "link", "set", dev, "up"))
+                _tbf(sw, dev, spec.uplink_rate, spec.mtu)
         for r in range(spec.num_ranks):
             ns, port = spec.rank_ns(r), f"p{r}"
             _run(["ip", "netns", "add", ns])
             _run(_ns(ns, "ip", "link", "set", "lo", "up"))
             _run(
                 _ns(
-                    SWITCH_NS,
+                    sw,
                     "ip",
                     "link",
                     "add",
@@ -192,15 +243,15 @@ def setup(spec: TestbedSpec) -> None:
                     ns,
                 )
             )
-            _run(_ns(SWITCH_NS, "ip", "link", "set", port, "master", spec.bridge_of(r)))
-            _run(_ns(SWITCH_NS, "ip", "link", "set", port, "up"))
+            _run(_ns(sw, "ip", "link", "set", port, "master", spec.bridge_of(r)))
+            _run(_ns(sw, "ip", "link", "set", port, "up"))
             _run(_ns(ns, "ip", "addr", "add", f"{spec.rank_addr(r)}/24", "dev", RANK_IFNAME))
             _run(_ns(ns, "ip", "link", "set", RANK_IFNAME, "mtu", str(spec.mtu), "up"))
             rate = spec.rank_rate(r)
             _tbf(ns, RANK_IFNAME, rate, spec.mtu)  # rank -> switch
-            _tbf(SWITCH_NS, port, rate, spec.mtu)  # switch -> rank
+            _tbf(sw, port, rate, spec.mtu)  # switch -> rank
     except BaseException:
-        teardown()
+        teardown(spec.run_id)
         raise
 
 
@@ -235,7 +286,7 @@ class Testbed:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        teardown()
+        teardown(self.spec.run_id)
 
     def run(self, rank: int, cmd: Sequence[str], **kw) -> subprocess.CompletedProcess[str]:
         """Run ``cmd`` inside ``rank``'s namespace and return the completed process."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -20,13 +21,20 @@ from typing import Any
 
 from igrt.testbed import namespaces as testbed
 
-__all__ = ["measure", "run_ranks"]
+__all__ = ["measure", "random_port", "run_ranks"]
+
+_PORTS = (20_000, 60_000)  # rendezvous ports in a testbed's rank-0 namespace: below the ephemeral range
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def random_port() -> int:
+    """An unpredictable port for a rendezvous inside a testbed's (fresh, empty) rank-0 namespace."""
+    return _PORTS[0] + secrets.randbelow(_PORTS[1] - _PORTS[0])
 
 
 def run_ranks(
@@ -43,11 +51,12 @@ def run_ranks(
 
     Each rank's output goes to a temporary file (no pipe can fill up and stall a rank). Raises
     RuntimeError naming the rank whose process failed, with the tail of its output; a rank still
-    running after ``timeout_s`` is killed (all ranks are) and reported.
+    running after ``timeout_s`` is killed (all ranks are) and reported. ``port``: the rendezvous port
+    (default: a random one in the testbed, a free one chosen by the kernel on loopback).
     """
     p = spec.num_ranks if spec is not None else int(num_ranks or 2)
     if port is None:
-        port = 29500 + (os.getpid() % 1000) if spec is not None else _free_port()
+        port = random_port() if spec is not None else _free_port()
     with tempfile.TemporaryDirectory(prefix="igranks-") as tmp:
         procs, logs = [], []
         for r in range(p):

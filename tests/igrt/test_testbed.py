@@ -68,11 +68,12 @@ def test_shaped_link_rate_and_teardown():
     rate = 40e6 / 8  # 40 Mbit/s
     spec = testbed.TestbedSpec(num_ranks=2, rate_bytes_per_s=rate)
     with testbed.Testbed(spec):
-        assert set(testbed.leftovers()) == {"igtb-r0", "igtb-r1", "igtb-sw"}
+        run = spec.run_id
+        assert set(testbed.leftovers(run)) == {f"igtb-{run}-r0", f"igtb-{run}-r1", f"igtb-{run}-sw"}
         goodput = _goodput_bytes_per_s(spec, 0, 1, 3 * 2**20)
         # TCP/IP framing costs ~5 %; the token bucket's burst can add a little at the start
         assert 0.85 * rate < goodput < 1.05 * rate
-    assert testbed.leftovers() == []
+    assert testbed.leftovers(spec.run_id) == []
 
 
 def test_hetero_slow_nic_and_crash_cleanup():
@@ -82,10 +83,13 @@ def test_hetero_slow_nic_and_crash_cleanup():
     testbed.setup(spec)  # simulate a crash: never torn down by this "run"
     slow = _goodput_bytes_per_s(spec, 0, 2, 2**20)
     assert slow < 1.05 * 20e6 / 8
-    testbed.setup(testbed.TestbedSpec(num_ranks=2, rate_bytes_per_s=1e6))  # the next start cleans up
-    assert set(testbed.leftovers()) == {"igtb-r0", "igtb-r1", "igtb-sw"}
-    testbed.teardown()
-    assert testbed.leftovers() == []
+    second = testbed.TestbedSpec(num_ranks=2, rate_bytes_per_s=1e6)
+    testbed.setup(second)  # the next start leaves the crashed run's namespaces alone (only its own)
+    assert set(testbed.leftovers(spec.run_id)) == set(spec.namespaces())
+    assert set(testbed.leftovers(second.run_id)) == set(second.namespaces())
+    assert testbed.teardown(spec.run_id) == sorted(spec.namespaces())  # igrt testbed down --run-id
+    testbed.teardown(second.run_id)
+    assert testbed.leftovers(spec.run_id) == testbed.leftovers(second.run_id) == []
 
 
 def test_bad_specs():
