@@ -24,7 +24,7 @@ ALLOWED_THIRD_PARTY: dict[str, frozenset[str]] = {
     "igpolicy": frozenset({"numpy", "scipy"}),
     "traces": frozenset({"igpolicy", "pyarrow", "numpy"}),
     "igsim": frozenset(
-        {"igpolicy", "traces", "igplot", "simpy", "networkx", "numpy", "scipy", "matplotlib", "tqdm", "yaml"}
+        {"igpolicy", "traces", "igplot", "simpy", "networkx", "numpy", "scipy", "matplotlib", "tqdm", "yaml", "ray"}
     ),
     "igrt": frozenset(
         {"igpolicy", "traces", "igplot", "torch", "numpy", "tqdm", "transformers", "deepspeed", "yaml"}
