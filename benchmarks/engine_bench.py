@@ -34,7 +34,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -145,7 +144,7 @@ def run_one(s: dict) -> dict:
         "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "rows": r.num_rows,
         "evaluations": r.settings["num_collective_evaluations"],
-        "costs": r.settings["collective_costs"],
+        "costs": r.settings.get("collective_costs", {}),  # (absent before the ring form: 'before' runs)
         "k_source": r.settings["k_source"],
         "step_s": r.summary()["step_s_mean"],
     }
@@ -230,5 +229,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     main()

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import sys
 import tempfile
 import threading
@@ -50,7 +51,6 @@ from pathlib import Path
 from typing import Any
 
 from igpolicy.config import PACKINGS
-from igpolicy.limits import check_count
 from igrt.workloads import WORKLOADS
 from traces.profiling import profile_trace
 
@@ -91,6 +91,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--warmup", type=int, default=2, help="first steps left out of times and bytes (default 2)"
     )
     p.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
+    p.add_argument(
+        "--rounds", type=int, default=1, help="rounds over every method, paired; medians shown (default 1)"
+    )
     p.add_argument("--backend", choices=("gloo", "nccl", "auto"), default="gloo", help="default gloo")
     p.add_argument("--tiny", action="store_true", help="tiny random-init model (smoke runs)")
     p.add_argument("--batch-size", type=int, default=8, help="examples per rank per step (default 8)")
@@ -199,25 +202,27 @@ def _bench_rank(ctx, opts: dict[str, Any]) -> dict[str, Any]:
             density=opts["density"],
             method=opts["threshold"],
         )
-    rows: dict[str, Any] = {}
-    peers: dict[str, list[dict[str, float]]] = {}
-    cpu: dict[str, float] = {}
-    for method in opts["policies"]:
-        with torch.no_grad():
-            w.model.load_state_dict(initial)
-        if method in PEERS:
-            peers[method] = _gather_rows(ctx, _run_peer(ctx, w, method, opts))
-            continue
-        cpu_s = []
-        for steps in (opts["steps"], opts["warmup"]):  # CPU of the timed steps: the difference
+    # per method, one entry per round (the rounds go over every method in turn: paired)
+    rows: dict[str, list[Any]] = {}
+    peers: dict[str, list[list[dict[str, float]]]] = {}
+    cpu: dict[str, list[float]] = {}
+    for _ in range(opts["rounds"]):
+        for method in opts["policies"]:
             with torch.no_grad():
                 w.model.load_state_dict(initial)
-            c0 = time.process_time()
-            outcome = _train(ctx, w, method, opts, plan=plan, steps=steps)
-            cpu_s.append(time.process_time() - c0)
-            if steps == opts["steps"]:
-                rows[method] = outcome.rows
-        cpu[method] = (cpu_s[0] - cpu_s[1]) / (opts["steps"] - opts["warmup"])
+            if method in PEERS:
+                peers.setdefault(method, []).append(_gather_rows(ctx, _run_peer(ctx, w, method, opts)))
+                continue
+            cpu_s = []
+            for steps in (opts["steps"], opts["warmup"]):  # CPU of the timed steps: the difference
+                with torch.no_grad():
+                    w.model.load_state_dict(initial)
+                c0 = time.process_time()
+                outcome = _train(ctx, w, method, opts, plan=plan, steps=steps)
+                cpu_s.append(time.process_time() - c0)
+                if steps == opts["steps"]:
+                    rows.setdefault(method, []).append(outcome.rows)
+            cpu.setdefault(method, []).append((cpu_s[0] - cpu_s[1]) / (opts["steps"] - opts["warmup"]))
     infos = build_param_infos(named_parameters(w.model))
     return {"rows": rows, "peers": peers, "cpu": cpu, "plan": plan, "plan_from": plan_from, "infos": infos}
 
@@ -462,6 +467,25 @@ def format_methods_table(stats: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def _medians(per_round: list[dict[str, float]]) -> dict[str, float]:
+    """Each statistic's median over rounds."""
+    return {k: statistics.median(r[k] for r in per_round) for k in per_round[0]}
+
+
+def format_rounds_table(rounds: list[dict[str, dict[str, float]]]) -> str:
+    """min / median over rounds of the times and of the CPU against DDP's, one row per method."""
+    keys = ("step_ms", "own_ms", "cpu_ms", "cpu_vs_ddp")
+    head = f"{'method':11s} " + " ".join(f"{k:>15s}" for k in keys)
+    lines = [head, "-" * len(head)]
+    for method in rounds[0]:
+        cells = []
+        for k in keys:
+            xs = [r[method].get(k, float("nan")) for r in rounds]
+            cells.append(f"{min(xs):7.2f}/{statistics.median(xs):7.2f}")
+        lines.append(f"{method:11s} " + " ".join(f"{c:>15s}" for c in cells))
+    return "\n".join(lines)
+
+
 def format_table(stats: dict[str, dict[str, float]]) -> str:
     """Our policies' details, one row each (NaN where topk or the packing bound is missing)."""
     head = (
@@ -515,12 +539,9 @@ def run(args: argparse.Namespace) -> int:
     unknown = sorted(set(methods) - set(known))
     if unknown or not methods:
         raise ValueError(f"--policies: {unknown or 'none'} not among {', '.join(known)}")
-    for name in ("batch_size", "num_buckets"):
+    for name in ("steps", "nproc", "batch_size", "release_period", "num_buckets", "record_steps", "rounds"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name, limit in (("steps", "MAX_TRAIN_STEPS"), ("record_steps", "MAX_TRAIN_STEPS"),
-                        ("nproc", "MAX_LOCAL_RANKS"), ("release_period", "MAX_RELEASE_PERIOD")):  # fmt: skip
-        check_count(getattr(args, name), what=f"--{name.replace('_', '-')}", limit=limit)
     if not 1 <= args.warmup < args.steps:
         raise ValueError(f"--warmup {args.warmup}: must be >= 1 and below --steps {args.steps}")
     print(f"igrt bench: {prepare_workload(args.workload, tiny=args.tiny, seed=args.seed)}", file=sys.stderr)
@@ -531,7 +552,17 @@ def run(args: argparse.Namespace) -> int:
             trace, release_period=args.release_period, density=args.density, method=args.threshold
         )
     with tempfile.TemporaryDirectory(prefix="igrt-bench-") as tmp:
-        keys = ("workload", "tiny", "seed", "steps", "warmup", "batch_size", "density", "release_period")
+        keys = (
+            "workload",
+            "tiny",
+            "seed",
+            "steps",
+            "warmup",
+            "rounds",
+            "batch_size",
+            "density",
+            "release_period",
+        )
         keys += ("num_buckets", "packing", "record_steps", "threshold")
         opts = {k: getattr(args, k) for k in keys}
         opts.update(
@@ -549,13 +580,23 @@ def run(args: argparse.Namespace) -> int:
         return 0
     first = results[0]
     world_size = len(results)
-    ours = {
-        p: policy_statistics(first["rows"][p], warmup_steps=args.warmup)
-        for p in methods
-        if p in first["rows"]
-    }
+    rounds = []
+    for k in range(args.rounds):  # every statistic per round, ratios against the same round's ddp
+        ours = {p: policy_statistics(first["rows"][p][k], warmup_steps=args.warmup) for p in first["rows"]}
+        for p, s in ours.items():
+            s["cpu_ms"] = 1e3 * sum(r["cpu"][p][k] for r in results.values()) / world_size
+            if "topk" in ours:
+                s["ratio_to_topk"] = s["bytes_per_step"] / ours["topk"]["bytes_per_step"]
+        peers = {m: peer_statistics(first["peers"][m][k], warmup_steps=args.warmup) for m in first["peers"]}
+        every = {m: (peers.get(m) or ours[m]) for m in methods}
+        if "ddp" in every:
+            for s in every.values():
+                s["cpu_vs_ddp"] = s["cpu_ms"] / every["ddp"]["cpu_ms"]
+                s["bytes_vs_ddp"] = s["bytes_per_step"] / every["ddp"]["bytes_per_step"]
+        rounds.append(every)
+    every = {m: _medians([r[m] for r in rounds]) for m in methods}
+    ours = {p: every[p] for p in methods if p in first["rows"]}
     for p, s in ours.items():
-        s["cpu_ms"] = 1e3 * sum(r["cpu"][p] for r in results.values()) / world_size
         s["imbalance_best"] = best_imbalance(
             infos=first["infos"],
             config=_policy_config(p, opts),
@@ -563,21 +604,10 @@ def run(args: argparse.Namespace) -> int:
             steps=args.steps,
             world_size=world_size,
         )
-        if "topk" in ours:
-            s["ratio_to_topk"] = s["bytes_per_step"] / ours["topk"]["bytes_per_step"]
-    peers = {
-        m: peer_statistics(first["peers"][m], warmup_steps=args.warmup)
-        for m in methods
-        if m in first["peers"]
-    }
-    every = {m: (peers.get(m) or ours[m]) for m in methods}
-    if "ddp" in every:
-        for s in every.values():
-            s["cpu_vs_ddp"] = s["cpu_ms"] / every["ddp"]["cpu_ms"]
-            s["bytes_vs_ddp"] = s["bytes_per_step"] / every["ddp"]["bytes_per_step"]
     print(
         f"{args.workload}{' (tiny)' if args.tiny else ''}, {world_size} {args.backend} ranks, batch "
-        f"{args.batch_size}, {args.steps} steps per method ({args.warmup} untimed), density {args.density:g}, "
+        f"{args.batch_size}, {args.steps} steps per method ({args.warmup} untimed), {args.rounds} round(s) "
+        f"(medians), density {args.density:g}, "
         f"R={args.release_period}, {args.num_buckets} buckets ({args.packing}); wall {wall_s:.0f} s"
     )
     if first["plan"] is not None:
@@ -589,6 +619,9 @@ def run(args: argparse.Namespace) -> int:
             f"{len(plan.low)} of {len(plan.components)} components low ({low_bytes / total:.0%} of the bytes)"
         )
     print(format_methods_table(every))
+    if args.rounds > 1:
+        print(f"over the {args.rounds} rounds, min / median:")
+        print(format_rounds_table(rounds))
     if ours:
         print("our policies in detail:")
         print(format_table(ours))
