@@ -34,18 +34,24 @@ def profile_trace(
     release_period: int = 4,
     window: tuple[int, int] | None = None,
     density: float | None = None,
+    complete_prefix: bool = False,
 ) -> tuple[SyncPlan, ImportanceScores, ThresholdResult]:
     """Profile ``trace_dir``; returns (SyncPlan, ImportanceScores, ThresholdResult).
 
-    Raises ValueError (TraceError) naming the trace when it is unreadable, has no steps in the window
-    or no parameter rows, or when ``release_period`` < 1.
+    An incomplete trace (a recording that stopped mid-way) is refused unless ``complete_prefix``,
+    which profiles the steps before its first incomplete one; the plan's ``source`` then says
+    where the trace was cut (``truncated_at``).
+    Raises ValueError (TraceError) naming the trace when it is unreadable or incomplete, has no
+    steps in the window or no parameter rows, or when ``release_period`` < 1.
     """
     if release_period < 1:
         raise ValueError(f"release period {release_period}: must be >= 1")
-    trace = read_trace(trace_dir, steps=window)
+    trace = read_trace(trace_dir, steps=window, complete_prefix=complete_prefix)
     if trace.num_steps == 0:
         raise ValueError(
-            f"{trace_dir}: no recorded steps" + (f" in window {window[0]}:{window[1]}" if window else "")
+            f"{trace_dir}: no recorded steps"
+            + (f" in window {window[0]}:{window[1]}" if window else "")
+            + (f" complete on every rank ({trace.incomplete})" if trace.truncated_at is not None else "")
         )
     manifest = trace.manifest
     series = {c: trace.per_param_series(c) for c in ("sel_norm", "overlap", "k", "grad_norm")}
@@ -76,5 +82,6 @@ def profile_trace(
             "world_size": manifest.world_size,
             "window": list(window) if window else None,
             "num_steps": trace.num_steps,
+            **({"truncated_at": trace.truncated_at} if trace.truncated_at is not None else {}),
         },
     )

@@ -1,30 +1,37 @@
 """Reading and validating traces into numpy columns.
 
-:func:`read_trace` checks the manifest, then every part file (name, Parquet footer, columns and
-their types, ranks, parameter names, k within [0, numel]) and loads the rows into one numpy array per
-column. Part footers are read first so every column is allocated once at its final size; each part
-is then read with ``pyarrow.parquet`` and copied in. The ``param`` column is returned as int32 codes
-into :attr:`Trace.param_names` (the manifest's registration order), identical across tables.
+:func:`read_trace` checks the manifest, then every part file (a regular file, never a link; name,
+Parquet footer, columns and their types, ranks, parameter names) and every row (plausible values,
+see :mod:`traces.validate`), loads the rows into one numpy array per column, and checks the rows
+across parts: no row twice, every step complete on every rank and table. Part footers are read
+first so every column is allocated once at its final size; the parts are then read with
+``pyarrow.parquet``, checked and copied in by a few worker threads (:mod:`traces.parts`). The
+``param`` column is returned as int32 codes into
+:attr:`Trace.param_names` (the manifest's registration order), identical across tables.
 
-A bad part raises :class:`~traces.schema.TraceError` naming the file and the problem, or, with
-``on_error="skip"``, is left out with a :class:`TraceWarning` and listed in :attr:`Trace.skipped`.
-Leftover ``*.tmp`` files (a writer stopped mid-part) are never read; they are listed in ``skipped``.
-The manifest itself cannot be skipped: without it nothing can be checked.
+A bad part raises :class:`~traces.schema.TraceError` naming the file (and row) and the problem, or,
+with ``on_error="skip"``, is left out with a :class:`TraceWarning` and listed in
+:attr:`Trace.skipped`. Leftover ``*.tmp`` files (a writer stopped mid-part) are never read; they
+are listed in ``skipped``. The manifest itself cannot be skipped: without it nothing can be checked.
+An incomplete trace (a recording that crashed) raises, or warns under ``on_error="skip"``, unless
+``complete_prefix=True`` asks for the steps before the first incomplete one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import stat
 import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from traces import validate
+from traces.parts import load_table, worker_pool
 from traces.schema import (
     MANIFEST_NAME,
     TABLE_SCHEMAS,
@@ -45,6 +52,14 @@ class TraceWarning(UserWarning):
 def read_manifest(directory: str | Path) -> Manifest:
     """Parse and validate ``directory/manifest.json``; raises TraceError naming the file."""
     path = Path(directory) / MANIFEST_NAME
+    try:
+        kind = _not_a_regular_file(os.lstat(path))
+    except FileNotFoundError:
+        raise TraceError(f"{path}: missing (is {directory} a trace directory?)") from None
+    except OSError as e:
+        raise TraceError(f"{path}: cannot be read ({e})") from None
+    if kind:
+        raise TraceError(f"{path}: {kind}")
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -85,6 +100,9 @@ class Trace:
     ``params``, ``steps`` and ``unions`` map column name -> 1-d array (dtypes as in
     :data:`~traces.schema.TABLE_SCHEMAS`, ``param`` as int32 codes into ``param_names``).
     ``skipped`` lists (path, reason) for every file in the directory that was not read.
+    ``incomplete``: why the steps on disk are not complete on every rank and table (None when they
+    are); ``truncated_at``: with ``complete_prefix=True``, the first incomplete step — its rows and
+    every later step's were left out (None when nothing was).
     """
 
     directory: Path
@@ -94,6 +112,8 @@ class Trace:
     unions: dict[str, np.ndarray]
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     parts: tuple[Path, ...] = ()
+    incomplete: str | None = None
+    truncated_at: int | None = None
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -216,14 +236,21 @@ class Trace:
 
 
 def read_trace(
-    directory: str | Path, *, on_error: str = "raise", steps: tuple[int, int] | None = None
+    directory: str | Path,
+    *,
+    on_error: str = "raise",
+    steps: tuple[int, int] | None = None,
+    complete_prefix: bool = False,
 ) -> Trace:
     """Read and validate the trace in ``directory``.
 
     ``on_error``: ``"raise"`` (a bad part raises TraceError) or ``"skip"`` (it is left out with a
     TraceWarning and listed in ``Trace.skipped``). ``steps``: keep only rows with
     ``start <= step < stop`` (parts whose step statistics lie outside are not read at all).
-    Warns (TraceWarning) when a multi-rank trace lacks a rank's rows or a rank's parts have gaps.
+    An incomplete trace — a step that lacks a rank's ``params`` rows or ``steps`` row, or its
+    ``unions`` rows — raises TraceError (a TraceWarning under ``"skip"``; ``Trace.incomplete`` says
+    why); ``complete_prefix=True`` instead keeps the steps before the first incomplete one
+    (``Trace.truncated_at``). Warns (TraceWarning) when a rank's parts have gaps.
     Raises TraceError for a missing directory or a missing or invalid manifest.
     """
     if on_error not in ("raise", "skip"):
@@ -234,6 +261,8 @@ def read_trace(
         raise ValueError(
             f"read_trace: steps must be (start, stop) integers with start <= stop, got {steps!r}"
         )
+    if not isinstance(complete_prefix, bool):
+        raise ValueError(f"read_trace: complete_prefix must be True or False, got {complete_prefix!r}")
     directory = Path(directory)
     if not directory.is_dir():
         raise TraceError(f"{directory}: no such trace directory")
@@ -247,10 +276,64 @@ def read_trace(
         notes.append(f"{path}: {reason}; skipped")
         skipped.append((path, reason))
 
+    found, unfinished = _scan(directory, manifest, skipped, bad)
+    tables: dict[str, dict[str, np.ndarray]] = {}
+    spans: dict[str, list[validate.Span]] = {}
+    pool = worker_pool()
+    try:
+        for table in TABLES:
+            mine = [(part, path) for part, path in found if part.table == table]
+            tables[table], spans[table] = load_table(
+                table, mine, manifest=manifest, steps=steps, bad=bad, pool=pool
+            )
+            doubled = validate.duplicate_rows(table, tables[table], spans[table], names=manifest.param_names)
+            for i, message in doubled:
+                bad(spans[table][i].path, message.removeprefix(f"{spans[table][i].path}: "))
+            if doubled:
+                tables[table], spans[table] = _drop_spans(
+                    tables[table], spans[table], {i for i, _ in doubled}
+                )
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    state = validate.completeness(tables, spans, world_size=manifest.world_size, directory=directory)
+    step_ids, truncated_at = state.step_ids, None
+    if state.problem is not None:
+        if complete_prefix:
+            truncated_at = state.stop
+            step_ids = step_ids[step_ids < truncated_at]
+            tables = {t: _rows_before(cols, truncated_at) for t, cols in tables.items()}
+        elif on_error == "raise":
+            raise TraceError(state.problem)
+        else:
+            notes.append(state.problem)
+    notes.extend(_sequence_gaps([part for part, _ in found] + unfinished))
+    for note in notes:
+        warnings.warn(note, TraceWarning, stacklevel=2)
+    trace = Trace(
+        directory=directory,
+        manifest=manifest,
+        params=tables["params"],
+        steps=tables["steps"],
+        unions=tables["unions"],
+        skipped=skipped,
+        parts=tuple(s.path for t in TABLES for s in spans[t]),
+        incomplete=state.problem,
+        truncated_at=truncated_at,
+    )
+    trace.__dict__["step_ids"] = step_ids  # the cached_property's value, known already
+    return trace
+
+
+def _scan(directory: Path, manifest: Manifest, skipped: list, bad) -> tuple[list, list]:
+    """The part files to read, sorted, and the parts named by leftover ``.tmp`` files.
+
+    Only regular files are ever opened: a link (which would read a part twice) or a FIFO, socket
+    or device named like a part is ``bad``; anything else that is not a part is listed in ``skipped``.
+    """
     found: list[tuple[PartName, Path]] = []
     unfinished: list[PartName] = []
-    for path in sorted(directory.iterdir()):
-        name = path.name
+    for name in sorted(os.listdir(directory)):
+        path = directory / name
         if name == MANIFEST_NAME:
             continue
         if name.endswith(".tmp"):
@@ -260,7 +343,13 @@ def read_trace(
                 unfinished.append(tmp_part)
         elif name.endswith(".parquet"):
             part = parse_part_name(name)
-            if part is None:
+            try:
+                kind = _not_a_regular_file(os.lstat(path))
+            except OSError as e:
+                kind = f"cannot be read ({e})"
+            if kind:
+                bad(path, kind)
+            elif part is None:
                 bad(path, "file name does not follow '{table}-r{rank:03d}-{seq:06d}.parquet'")
             elif part.table not in TABLE_SCHEMAS:
                 bad(path, f"unknown table prefix {part.table!r} (tables: {', '.join(TABLES)})")
@@ -271,202 +360,36 @@ def read_trace(
         else:
             skipped.append((path, "not a trace file; ignored"))
     found.sort()
-
-    loader = _Loader(manifest=manifest, steps=steps, bad=bad)
-    opened = [(part, path, meta) for part, path in found if (meta := loader.open(part, path)) is not None]
-    tables: dict[str, dict[str, np.ndarray]] = {}
-    read_parts: list[Path] = []
-    for table in TABLES:
-        mine = [(part, path, meta) for part, path, meta in opened if part.table == table]
-        tables[table], paths = loader.load(table, mine)
-        read_parts.extend(paths)
-    notes.extend(_missing_rows(manifest, loader.ranks_with_rows, [part for part, _ in found] + unfinished))
-    for note in notes:
-        warnings.warn(note, TraceWarning, stacklevel=2)
-    return Trace(
-        directory=directory,
-        manifest=manifest,
-        params=tables["params"],
-        steps=tables["steps"],
-        unions=tables["unions"],
-        skipped=skipped,
-        parts=tuple(read_parts),
-    )
+    return found, unfinished
 
 
-@dataclass(frozen=True, kw_only=True)
-class _PartMeta:
-    num_rows: int
-    step_min: int | None  # read only when a step window is asked for; None otherwise
-    step_max: int | None
-
-
-class _Loader:
-    """Validates parts and copies their rows into preallocated numpy columns."""
-
-    def __init__(self, *, manifest: Manifest, steps: tuple[int, int] | None, bad) -> None:
-        self.manifest = manifest
-        self.steps = steps
-        self.bad = bad
-        names = manifest.param_names
-        self.code_of = {n: i for i, n in enumerate(names)}
-        info = manifest.by_name
-        self.numel_of = np.array([info[n].numel for n in names], dtype=np.int64)
-        self.ranks_with_rows: dict[str, set[int]] = {t: set() for t in TABLES}
-
-    def open(self, part: PartName, path: Path) -> _PartMeta | None:
-        """Read the footer, check the schema; None (after ``bad``) when the part is unusable."""
-        try:
-            with pq.ParquetFile(path) as pf:
-                schema = pf.schema_arrow
-                meta = pf.metadata
-        except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
-            self.bad(path, f"not a readable Parquet file (truncated or corrupt: {_one_line(e)})")
-            return None
-        problem = _schema_problem(part.table, schema)
-        if problem:
-            self.bad(path, problem)
-            return None
-        if meta.num_rows < 0:
-            self.bad(path, f"corrupt Parquet footer (row count {meta.num_rows})")
-            return None
-        lo = hi = None
-        if self.steps is not None:  # only a window needs the range; never from row-group metadata,
-            # whose accessors abort the process on some corrupt footers (pyarrow 26)
-            try:
-                step = pq.read_table(path, columns=["step"]).column("step")
-            except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
-                self.bad(path, f"not a readable Parquet file (truncated or corrupt: {_one_line(e)})")
-                return None
-            if len(step):
-                lo, hi = int(pc.min(step).as_py()), int(pc.max(step).as_py())
-        return _PartMeta(num_rows=meta.num_rows, step_min=lo, step_max=hi)
-
-    def load(
-        self, table: str, parts: list[tuple[PartName, Path, _PartMeta]]
-    ) -> tuple[dict[str, np.ndarray], list[Path]]:
-        schema = TABLE_SCHEMAS[table]
-        if self.steps is not None:
-            a, b = self.steps
-            parts = [
-                p for p in parts if p[2].step_min is None or not (p[2].step_max < a or p[2].step_min >= b)
-            ]
-        total = sum(m.num_rows for _, _, m in parts)
-        out = {f.name: np.empty(total, dtype=_numpy_dtype(f.type)) for f in schema}
-        filled = 0
-        read: list[Path] = []
-        for part, path, _ in parts:
-            cols = self._read_part(part, path)
-            if cols is None:
-                continue
-            n = len(cols["step"])
-            for name, arr in cols.items():
-                out[name][filled : filled + n] = arr
-            filled += n
-            read.append(path)
-            if n:
-                self.ranks_with_rows[table].add(part.rank)
-        if filled < total:
-            out = {name: arr[:filled].copy() for name, arr in out.items()}
-        return out, read
-
-    def _read_part(self, part: PartName, path: Path) -> dict[str, np.ndarray] | None:
-        try:
-            arrow = pq.read_table(path)
-            if "param" in arrow.column_names:  # pyarrow checks neither dictionary indices nor UTF-8 on read
-                for chunk in arrow.column("param").chunks:
-                    chunk.validate(full=True)
-        except (pa.ArrowException, OSError, UnicodeDecodeError, IndexError) as e:
-            self.bad(path, f"not a readable Parquet file (truncated or corrupt: {_one_line(e)})")
-            return None
-        for name in arrow.column_names:
-            if arrow.column(name).null_count:
-                self.bad(path, f"column {name!r} has {arrow.column(name).null_count} null values")
-                return None
-        cols: dict[str, np.ndarray] = {}
-        for name in arrow.column_names:
-            if name == "param":
-                codes = self._param_codes(arrow.column(name))
-                if isinstance(codes, str):
-                    self.bad(path, codes)
-                    return None
-                cols[name] = codes
-            else:
-                cols[name] = arrow.column(name).to_numpy()
-        if self.steps is not None:
-            keep = (cols["step"] >= self.steps[0]) & (cols["step"] < self.steps[1])
-            if not keep.all():
-                cols = {name: arr[keep] for name, arr in cols.items()}
-        problem = self._rows_problem(part, cols)
-        if problem:
-            self.bad(path, problem)
-            return None
-        return cols
-
-    def _param_codes(self, column: pa.ChunkedArray) -> np.ndarray | str:
-        """int32 codes into the manifest's names, or a message naming an unknown parameter."""
-        pieces = []
-        for chunk in column.chunks:
-            if not pa.types.is_dictionary(chunk.type):
-                chunk = chunk.dictionary_encode()
-            names = chunk.dictionary.to_pylist()
-            unknown = [n for n in names if n not in self.code_of]
-            if unknown:
-                return f"param {unknown[0]!r} is not in the manifest's model summary"
-            lut = np.array([self.code_of[n] for n in names], dtype=np.int32)
-            pieces.append(lut[chunk.indices.to_numpy()] if len(names) else np.zeros(0, np.int32))
-        return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
-
-    def _rows_problem(self, part: PartName, cols: dict[str, np.ndarray]) -> str | None:
-        if not len(cols["step"]):
-            return None
-        if "rank" in cols and np.any(cols["rank"] != part.rank):
-            other = int(cols["rank"][cols["rank"] != part.rank][0])
-            return f"rank column holds {other}, but the file name says rank {part.rank}"
-        if np.any(cols["step"] < 0):
-            return "step column holds negative values"
-        if part.table == "params":
-            wrong = cols["numel"] != self.numel_of[cols["param"]]
-            if np.any(wrong):
-                i = int(np.flatnonzero(wrong)[0])
-                name = self.manifest.param_names[cols["param"][i]]
-                return f"numel={int(cols['numel'][i])} for param {name!r} differs from the manifest's {self.numel_of[cols['param'][i]]}"
-            if np.any((cols["k"] < 0) | (cols["k"] > cols["numel"])):
-                return "k outside [0, numel]"
-        if part.table == "unions" and np.any(cols["union_k"] < 0):
-            return "union_k holds negative values"
-        return None
-
-
-def _schema_problem(table: str, schema: pa.Schema) -> str | None:
-    expected = TABLE_SCHEMAS[table]
-    missing = [n for n in expected.names if n not in schema.names]
-    if missing:
-        return f"missing column(s) {missing} for table {table!r}"
-    unknown = [n for n in schema.names if n not in expected.names]
-    if unknown:
-        return f"unknown column(s) {unknown} for table {table!r}"
-    for f in expected:
-        got = schema.field(f.name).type
-        if pa.types.is_dictionary(f.type):
-            ok = (pa.types.is_dictionary(got) and _is_string(got.value_type)) or _is_string(got)
-        else:
-            ok = got == f.type
-        if not ok:
-            return f"column {f.name!r} has type {got}, expected {f.type}"
+def _not_a_regular_file(st: os.stat_result) -> str | None:
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link; trace files must be regular files (a linked part would be read twice)"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file (a directory, FIFO, socket or device); it was not opened"
     return None
 
 
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())
+def _drop_spans(
+    cols: dict[str, np.ndarray], spans: list[validate.Span], drop: set[int]
+) -> tuple[dict[str, np.ndarray], list[validate.Span]]:
+    """The rows of every span but those in ``drop``, with the spans renumbered."""
+    keep = np.ones(len(cols["step"]), dtype=bool)
+    kept: list[validate.Span] = []
+    start = 0
+    for i, s in enumerate(spans):
+        if i in drop:
+            keep[s.start : s.stop] = False
+            continue
+        kept.append(dataclasses.replace(s, start=start, stop=start + s.stop - s.start))
+        start += s.stop - s.start
+    return {c: a[keep] for c, a in cols.items()}, kept
 
 
-def _is_string(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t)
-
-
-def _numpy_dtype(t: pa.DataType) -> np.dtype:
-    return np.dtype(np.int32) if pa.types.is_dictionary(t) else np.dtype(t.to_pandas_dtype())
+def _rows_before(cols: dict[str, np.ndarray], stop: int) -> dict[str, np.ndarray]:
+    keep = cols["step"] < stop
+    return cols if keep.all() else {c: a[keep] for c, a in cols.items()}
 
 
 def _unique_ints(values: np.ndarray) -> np.ndarray:
@@ -480,25 +403,13 @@ def _unique_ints(values: np.ndarray) -> np.ndarray:
     return np.unique(values)
 
 
-def _missing_rows(
-    manifest: Manifest, ranks_with_rows: dict[str, set[int]], parts: list[PartName]
-) -> list[str]:
-    """Messages about ranks without rows and gaps in a rank's part sequence numbers.
+def _sequence_gaps(parts: list[PartName]) -> list[str]:
+    """Messages about gaps in a rank's part sequence numbers.
 
     ``parts`` holds every part named in the directory, unfinished (``.tmp``) ones included: a
     number taken by a crashed writer is not a gap.
     """
     notes = []
-    if manifest.world_size > 1:
-        for table in ("params", "steps"):
-            have = ranks_with_rows[table]
-            if not have:
-                continue
-            absent = sorted(set(range(manifest.world_size)) - have)
-            if absent:
-                notes.append(
-                    f"trace with world_size={manifest.world_size}: no {table!r} rows for rank(s) {absent}"
-                )
     seqs: dict[tuple[str, int], list[int]] = {}
     for part in parts:
         seqs.setdefault((part.table, part.rank), []).append(part.seq)

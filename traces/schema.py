@@ -8,8 +8,14 @@ A trace is a directory::
     unions-r000-000001.parquet ...       one row per (step, parameter), distributed recordings only
 
 Every part is written under a temporary name (``.params-r000-000001.parquet.tmp``) and renamed into
-place, so a crash loses at most the part in progress. ``step`` is the optimizer step (the
-gradient-accumulation boundary), counted from 0 by the recorder.
+place. A writer commits whole steps at a bounded interval, every table at once and the ``steps``
+part last (:mod:`traces.writer`), so a crash loses at most the steps since the last commit; the
+reader reports a trace whose steps are not complete on every rank and table, and reads its complete
+prefix on request (:mod:`traces.validate`). Trace files are regular files (no links). ``step`` is
+the optimizer step (the gradient-accumulation boundary), counted from 0 by the recorder.
+
+Each (step, rank, param) has at most one ``params`` row, each (step, rank) one ``steps`` row and
+each (step, param) one ``unions`` row.
 
 Column meanings (the recorder in ``igrt.trace.recorder`` fills them; the sparsifier is the manifest's):
 
@@ -20,17 +26,20 @@ Column meanings (the recorder in ``igrt.trace.recorder`` fills them; the sparsif
       the local gradient accumulated over the step's micro-batches (before any cross-rank averaging)
       plus the rank's residual, i.e. exactly the tensor the sparsifier ranked by magnitude.
     - ``sel_norm``: L2 norm of ``u[S]``, the selected entries; ``sel_max_abs``: max |u[S]| (0 when k = 0).
+      Norms are >= 0 and ``sel_max_abs <= sel_norm <= grad_norm`` up to a relative ``NORM_RTOL``.
     - ``overlap``: Jaccard |S_t ∩ S_p| / |S_t ∪ S_p| of this step's selected index set with the same
       rank's set at the previous *recorded* step p of this parameter; NaN on its first recorded step
       and when both sets are empty.
     - ``ready_s``: when the parameter's gradient became ready in the step's last backward pass,
-      seconds since that backward pass started.
+      seconds since that backward pass started (finite and >= 0; NaN when it never became ready).
 ``steps``
     ``forward_s``, ``backward_s``, ``optimizer_s``: wall seconds of the step's phases on this rank
-    (forward and backward summed over micro-batches); ``loss``: the step's mean training loss.
+    (forward and backward summed over micro-batches; finite and >= 0); ``loss``: the step's mean
+    training loss.
 ``unions``
     ``union_k``: size of the union of the selected index sets of all ranks for (step, param) —
-    what a sparse all-reduce would carry after summation. Written by one rank (usually rank 0).
+    what a sparse all-reduce would carry after summation, 0 <= union_k <= numel. Written by one
+    rank (usually rank 0).
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ from igpolicy.vocab import ComponentId, ParamInfo
 
 __all__ = [
     "MANIFEST_NAME",
+    "NORM_RTOL",
     "RUN_SUMMARY_FORMAT",
     "RUN_TRACE_K",
     "SCHEMA_VERSION",
@@ -70,6 +80,8 @@ MANIFEST_NAME = "manifest.json"
 RUN_SUMMARY_FORMAT = "igrt-train/2"
 # manifest.extra["k"] of a training run's own trace: k is what each rank sent (0 where it held)
 RUN_TRACE_K = "sent"
+# relative rounding slack of sel_max_abs <= sel_norm <= grad_norm (norms of fp32 values in float64)
+NORM_RTOL = 1e-6
 
 _PARAM_TYPE = pa.dictionary(pa.int32(), pa.string())
 

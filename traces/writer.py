@@ -1,11 +1,17 @@
-"""Writing traces: buffered rows, atomic part files, an atomic manifest.
+"""Writing traces: buffered rows, atomic part files committed at step boundaries, an atomic manifest.
 
-One :class:`TraceWriter` per rank. Rows are buffered as numpy arrays and written as a Parquet part
-once ``rows_per_part`` rows of a table have gathered (and on :meth:`TraceWriter.flush` /
-:meth:`TraceWriter.close`). Each part is written under a hidden temporary name, synced to disk and
-renamed into place with ``os.replace``, so a crash loses at most the rows not yet written; a reader
-ignores (and reports) the leftover ``.tmp`` file. A writer opened on a directory that already holds
-parts continues their sequence numbers instead of overwriting them.
+One :class:`TraceWriter` per rank. Rows are buffered as numpy arrays and written as Parquet parts
+only at a *commit*: every buffered row of every table at once, the ``params`` and ``unions`` parts
+first and the ``steps`` part last, so a ``steps`` row on disk says that its step's other rows are on
+disk too. A ``steps`` row ends a step; after it the writer commits when ``commit_every_steps``
+steps or ``commit_every_s`` seconds have passed since the last commit, or a table holds
+``rows_per_part`` rows — so a crash loses at most that interval, and never a part of a step
+(:meth:`TraceWriter.commit`, :meth:`TraceWriter.close` commit too). A writer that is given no
+``steps`` rows has no step boundaries and writes at ``commit``/``close`` only.
+
+Each part is written under a hidden temporary name, synced to disk and renamed into place with
+``os.replace``; a reader ignores (and reports) a leftover ``.tmp`` file. A writer opened on a
+directory that already holds parts continues their sequence numbers instead of overwriting them.
 
 Example::
 
@@ -18,7 +24,9 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,6 +40,9 @@ from traces.schema import MANIFEST_NAME, TABLE_SCHEMAS, Manifest, PartName, pars
 __all__ = ["TraceWriter", "write_manifest"]
 
 _COMPRESSION = "zstd"
+# a commit writes the steps part last: a steps row on disk means its step's other rows are there too
+_COMMIT_ORDER = ("params", "unions", "steps")
+assert sorted(_COMMIT_ORDER) == sorted(TABLE_SCHEMAS)
 
 
 def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
@@ -45,29 +56,60 @@ def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
 
 
 class TraceWriter:
-    """Buffers one rank's rows and writes them as atomic Parquet parts.
+    """Buffers one rank's rows and commits them as atomic Parquet parts at step boundaries.
 
     ``add_*_rows`` take one keyword per column (numpy arrays or lists of equal length);
     ``add_*_row`` take one scalar per column. The ``rank`` column is optional and defaults to the
     writer's rank; when given it must equal it. ``param`` values are strings (parameter names).
     Bad input (unknown or missing column, unequal lengths, wrong dtype, k outside [0, numel]) raises
     ValueError naming the table and column, before anything is buffered.
+
+    - ``rows_per_part``: at most this many rows per part; a commit splits a longer table.
+    - ``commit_every_steps`` / ``commit_every_s``: commit after a ``steps`` row once that many
+      steps rows / seconds have passed since the last commit (None: no such trigger). A commit is
+      also due once a table holds ``rows_per_part`` rows.
     """
 
-    def __init__(self, directory: str | Path, *, rank: int, rows_per_part: int = 200_000) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        rank: int,
+        rows_per_part: int = 200_000,
+        commit_every_steps: int | None = 100,
+        commit_every_s: float | None = 30.0,
+    ) -> None:
         if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
             raise ValueError(f"TraceWriter: rank must be an integer >= 0, got {rank!r}")
         if not isinstance(rows_per_part, int) or rows_per_part < 1:
             raise ValueError(f"TraceWriter: rows_per_part must be an integer >= 1, got {rows_per_part!r}")
+        if commit_every_steps is not None and (
+            not isinstance(commit_every_steps, int)
+            or isinstance(commit_every_steps, bool)
+            or commit_every_steps < 1
+        ):
+            raise ValueError(
+                f"TraceWriter: commit_every_steps must be an integer >= 1 or None, got {commit_every_steps!r}"
+            )
+        if commit_every_s is not None and not (
+            isinstance(commit_every_s, (int, float)) and math.isfinite(commit_every_s) and commit_every_s > 0
+        ):
+            raise ValueError(
+                f"TraceWriter: commit_every_s must be a number > 0 or None, got {commit_every_s!r}"
+            )
         self.directory = Path(directory)
         self.rank = rank
         self.rows_per_part = rows_per_part
+        self.commit_every_steps = commit_every_steps
+        self.commit_every_s = None if commit_every_s is None else float(commit_every_s)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.parts_written: list[Path] = []
         self._closed = False
         self._chunks: dict[str, list[dict[str, np.ndarray]]] = {t: [] for t in TABLE_SCHEMAS}
         self._num_buffered: dict[str, int] = dict.fromkeys(TABLE_SCHEMAS, 0)
         self._next_seq: dict[str, int] = dict.fromkeys(TABLE_SCHEMAS, 1)
+        self._steps_since_commit = 0
+        self._last_commit_s = time.monotonic()
         for entry in self.directory.iterdir():
             name = entry.name
             if name.startswith(".") and name.endswith(".tmp"):
@@ -85,7 +127,7 @@ class TraceWriter:
         self._add("params", {k: [v] for k, v in values.items()})
 
     def add_step_rows(self, **columns: Any) -> None:
-        """Buffer rows of the ``steps`` table."""
+        """Buffer rows of the ``steps`` table; they end their steps (a commit may follow)."""
         self._add("steps", columns)
 
     def add_step_row(self, **values: Any) -> None:
@@ -99,20 +141,26 @@ class TraceWriter:
         self._add("unions", {k: [v] for k, v in values.items()})
 
     # ---------------------------------------------------------------------------------- writing
-    def flush(self) -> list[Path]:
-        """Write every buffered row (full parts, then the remainder); returns the parts written now."""
+    def commit(self) -> list[Path]:
+        """Write every buffered row now (params and unions parts, then steps); returns the parts written."""
         self._check_open()
         written = []
-        for table in TABLE_SCHEMAS:
-            written.extend(self._write_full_parts(table))
-            if self._num_buffered[table]:
-                written.append(self._write_part(table, self._take(table, self._num_buffered[table])))
+        for table in _COMMIT_ORDER:
+            while self._num_buffered[table]:
+                n = min(self.rows_per_part, self._num_buffered[table])
+                written.append(self._write_part(table, self._take(table, n)))
+        self._steps_since_commit = 0
+        self._last_commit_s = time.monotonic()
         return written
 
+    def flush(self) -> list[Path]:
+        """The same as :meth:`commit`."""
+        return self.commit()
+
     def close(self) -> None:
-        """Flush and close; further calls to add rows raise ValueError. Closing twice is a no-op."""
+        """Commit and close; further calls to add rows raise ValueError. Closing twice is a no-op."""
         if not self._closed:
-            self.flush()
+            self.commit()
             self._closed = True
 
     def __enter__(self) -> TraceWriter:
@@ -135,13 +183,18 @@ class TraceWriter:
             return
         self._chunks[table].append(chunk)
         self._num_buffered[table] += n
-        self._write_full_parts(table)
+        if table == "steps":
+            self._steps_since_commit += n
+            if self._commit_due():
+                self.commit()
 
-    def _write_full_parts(self, table: str) -> list[Path]:
-        written = []
-        while self._num_buffered[table] >= self.rows_per_part:
-            written.append(self._write_part(table, self._take(table, self.rows_per_part)))
-        return written
+    def _commit_due(self) -> bool:
+        """At a step boundary: has the commit interval passed, or does a table fill a part?"""
+        if self.commit_every_steps is not None and self._steps_since_commit >= self.commit_every_steps:
+            return True
+        if self.commit_every_s is not None and time.monotonic() - self._last_commit_s >= self.commit_every_s:
+            return True
+        return any(n >= self.rows_per_part for n in self._num_buffered.values())
 
     def _take(self, table: str, n: int) -> dict[str, np.ndarray]:
         """Remove and return the first ``n`` buffered rows of ``table`` as one column dict."""

@@ -5,11 +5,16 @@ would select, then the ranks average their gradients with one dense all-reduce â
 trains exactly as plain data-parallel training would, and the trace is of that training.
 
     igrt record --workload minilm --nproc 2 --steps 300 -o traces/samples/minilm
+
+Rows reach the disk in commits of whole steps, every ``--commit-every-steps`` steps or
+``--commit-every-s`` seconds: a run killed mid-way keeps every step up to its ranks' last commit,
+which ``igsim profile --complete-prefix`` (``read_trace(..., complete_prefix=True)``) reads.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -19,6 +24,8 @@ from typing import Any
 from igrt.workloads import WORKLOADS
 
 RECORD_SPARSIFIERS = ("topk", "adtopk", "randomk")
+COMMIT_EVERY_STEPS = 100
+COMMIT_EVERY_S = 30.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +48,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="model, data and sparsifier seed (default 0)")
     parser.add_argument("--tiny", action="store_true", help="tiny random-init model (tests, smoke runs)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="default auto")
-    parser.add_argument("--rows-per-part", type=int, default=200_000, help="rows per Parquet part file")
+    parser.add_argument("--rows-per-part", type=int, default=200_000, help="at most this many rows per part")
+    parser.add_argument(
+        "--commit-every-steps",
+        type=int,
+        default=COMMIT_EVERY_STEPS,
+        metavar="N",
+        help=f"write the recorded rows to disk every N steps (default {COMMIT_EVERY_STEPS}; 0: not by steps)",
+    )
+    parser.add_argument(
+        "--commit-every-s",
+        type=float,
+        default=COMMIT_EVERY_S,
+        metavar="S",
+        help=f"... or every S seconds, whichever comes first (default {COMMIT_EVERY_S:g}; 0: not by time); "
+        "a crash loses at most that interval",
+    )
     parser.add_argument(
         "--no-eval", action="store_true", help="skip the held-out evaluation before and after"
     )
@@ -70,6 +92,10 @@ def _command_line(args: argparse.Namespace) -> str:
         parts.append("--tiny")
     if args.rows_per_part != 200_000:
         parts.append(f"--rows-per-part {args.rows_per_part}")
+    if args.commit_every_steps != COMMIT_EVERY_STEPS:
+        parts.append(f"--commit-every-steps {args.commit_every_steps}")
+    if args.commit_every_s != COMMIT_EVERY_S:
+        parts.append(f"--commit-every-s {args.commit_every_s:g}")
     return " ".join(parts)
 
 
@@ -79,6 +105,10 @@ def _check(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not 0.0 < args.density <= 1.0:
         raise ValueError(f"--density must be in (0, 1], got {args.density}")
+    if args.commit_every_steps < 0:
+        raise ValueError(f"--commit-every-steps must be >= 0, got {args.commit_every_steps}")
+    if not (math.isfinite(args.commit_every_s) and args.commit_every_s >= 0):
+        raise ValueError(f"--commit-every-s must be a number >= 0, got {args.commit_every_s}")
     first_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 writes the manifest
     if first_rank and (args.output / "manifest.json").exists():
         raise ValueError(f"{args.output} already holds a trace; record into a new directory")
@@ -128,6 +158,8 @@ def _record_rank(ctx: Any, opts: dict[str, Any]) -> dict[str, Any]:
         workload=opts["workload"] + (" (tiny)" if opts["tiny"] else ""),
         command=opts["command"],
         rows_per_part=opts["rows_per_part"],
+        commit_every_steps=opts["commit_every_steps"] or None,
+        commit_every_s=opts["commit_every_s"] or None,
         seed=opts["seed"],
         extra={
             "batch_size": opts["batch_size"],
@@ -196,6 +228,8 @@ def run(args: argparse.Namespace) -> int:
         "sparsifier": args.sparsifier,
         "output": str(args.output),
         "rows_per_part": args.rows_per_part,
+        "commit_every_steps": args.commit_every_steps,
+        "commit_every_s": args.commit_every_s,
         "eval": not args.no_eval,
         "progress": not args.no_progress,
         "command": _command_line(args),

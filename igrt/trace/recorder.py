@@ -27,6 +27,11 @@ Protocol, per optimizer step (``begin_step`` and ``begin_backward`` are optional
 
 Forward passes with gradients disabled (evaluation) are ignored. Recording time itself is kept
 out of the phase times and reported as ``record_s_mean`` in the manifest's ``extra``.
+
+Rows reach the disk in commits of whole steps (:class:`traces.writer.TraceWriter`): after
+``end_step`` once ``commit_every_steps`` steps or ``commit_every_s`` seconds have passed since the
+last commit, and at ``close``. A crash (even ``kill -9``) loses at most the steps since the last
+commit; ``read_trace(..., complete_prefix=True)`` reads the steps complete on every rank.
 """
 
 from __future__ import annotations
@@ -74,7 +79,9 @@ class TraceRecorder:
     - ``grad_accum_steps``: micro-batches per optimizer step; only the last one's backward records.
     - ``rank`` / ``world_size`` / ``group``: default to the torch.distributed group when one is
       initialised, else 0 / 1. Each rank writes its own part files; rank 0 writes the manifest.
-    - ``rows_per_part``: rows per Parquet part (fewer, larger parts for shipped traces).
+    - ``rows_per_part``: at most this many rows per Parquet part.
+    - ``commit_every_steps`` / ``commit_every_s``: the commit interval (None: no such trigger; with
+      both None, rows are written at ``close`` only — one part per table for a shipped trace).
     - ``extra``: merged into the manifest's ``extra``.
 
     ``params`` holds the recorded parameters as ``ParamInfo`` (component keys from
@@ -96,6 +103,8 @@ class TraceRecorder:
         workload: str = "",
         command: str = "",
         rows_per_part: int = 200_000,
+        commit_every_steps: int | None = 100,
+        commit_every_s: float | None = 30.0,
         seed: int = 0,
         extra: Mapping[str, Any] | None = None,
     ) -> None:
@@ -157,7 +166,13 @@ class TraceRecorder:
                 **dict(extra or {}),
             },
         )
-        self._writer = TraceWriter(self.directory, rank=self.rank, rows_per_part=rows_per_part)
+        self._writer = TraceWriter(
+            self.directory,
+            rank=self.rank,
+            rows_per_part=rows_per_part,
+            commit_every_steps=commit_every_steps,
+            commit_every_s=commit_every_s,
+        )
         if self.rank == 0:
             write_manifest(self.directory, self._manifest)
 

@@ -33,6 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--release-period", type=int, default=4, help="R: low components release every R steps")
     p.add_argument("--window", default=None, metavar="A:B", help="profile recorded steps A <= step < B only")
+    p.add_argument(
+        "--complete-prefix",
+        action="store_true",
+        help="profile an incomplete trace (a recording that stopped mid-way) up to its first incomplete step",
+    )
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
 
 
@@ -60,7 +65,13 @@ def run(args: argparse.Namespace) -> int:
         method_params=_method_params(args.method_param),
         release_period=args.release_period,
         window=window,
+        complete_prefix=args.complete_prefix,
     )
+    if "truncated_at" in plan.source:
+        print(
+            f"note: the trace is incomplete; profiled its complete prefix, {plan.source['num_steps']} steps "
+            f"before step {plan.source['truncated_at']}"
+        )
     if not args.quiet:
         print(format_plan_table(plan, scores))
     n_imp = sum(1 for c in plan.components if c.cls == ComponentClass.IMPORTANT)

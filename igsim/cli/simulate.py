@@ -6,6 +6,8 @@
                    --packing kk --steps N --seed S [--csv F] [--json F] [--chrome-trace F]
 
 Units are parsed by :mod:`igpolicy.units` ("100Gbps", "5us", "25MiB"); a bad unit is an error.
+An incomplete trace (a recording that stopped mid-way) is refused; ``--complete-prefix`` replays
+the steps before its first incomplete one.
 With ``--model`` and a plan profiled on another model, the plan is carried over by component kind
 and relative depth (:func:`igsim.step.architectures.transfer_plan`), and a note says so.
 """
@@ -24,6 +26,7 @@ from igsim.cli.options import (
     make_config,
     make_topology,
     make_workload,
+    parse_window,
     plan_for,
 )
 from igsim.step.engine import MODES, simulate
@@ -37,6 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--trace", help="trace directory to replay")
     src.add_argument("--model", help="built-in architecture (e.g. llama-7b, opt-1.3b, pythia-1b)")
     p.add_argument("--window", default=None, metavar="A:B", help="replay recorded steps A <= step < B only")
+    p.add_argument(
+        "--complete-prefix",
+        action="store_true",
+        help="--trace: replay an incomplete trace (a recording that stopped mid-way) up to its first "
+        "incomplete step",
+    )
     p.add_argument("--accelerator", default="h100", help="--model: a100, h100 or h200")
     p.add_argument("--utilisation", type=float, default=0.4, help="--model: fraction of peak FLOP/s")
     p.add_argument("--tokens-per-step", type=int, default=4096, help="--model: tokens per rank per step")
@@ -73,6 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     check_sim_steps(args.steps)
     check_output_files(args, "csv", "json", "chrome_trace")  # before the work, not after it
+    if args.complete_prefix and args.trace:
+        args = _complete_prefix_window(args)
     workload = make_workload(args)
     config = make_config(args, workload=workload)
     plan = load_plan(args.plan)
@@ -125,3 +136,21 @@ def run(args: argparse.Namespace) -> int:
         if path:
             print(f"wrote {method(path)}")
     return 0
+
+
+def _complete_prefix_window(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with ``--window`` narrowed to the trace's complete prefix (a note says so)."""
+    from traces.reader import read_trace  # as in Workload.from_trace: only a trace needs pyarrow
+
+    window = parse_window(args.window)
+    trace = read_trace(args.trace, steps=window, complete_prefix=True)
+    if trace.truncated_at is None:
+        return args
+    start = window[0] if window else 0
+    if trace.num_steps == 0 or trace.truncated_at <= start:
+        raise ValueError(f"--complete-prefix: no step is complete on every rank ({trace.incomplete})")
+    print(
+        f"note: the trace is incomplete; replaying its complete prefix, {trace.num_steps} recorded steps "
+        f"before step {trace.truncated_at}"
+    )
+    return argparse.Namespace(**{**vars(args), "window": f"{start}:{trace.truncated_at}"})

@@ -39,8 +39,12 @@ def _random_rows(
             params["param"].append(names[keep])
             params["numel"].append(numel[keep])
             params["k"].append(rng.integers(0, numel[keep] + 1))
-            for col in ("grad_norm", "sel_norm", "sel_max_abs", "ready_s"):
-                params[col].append(rng.random(n))
+            grad_norm = rng.random(n)
+            sel_norm = grad_norm * rng.random(n)  # sel_max_abs <= sel_norm <= grad_norm
+            params["grad_norm"].append(grad_norm)
+            params["sel_norm"].append(sel_norm)
+            params["sel_max_abs"].append(sel_norm * rng.random(n))
+            params["ready_s"].append(rng.random(n))
             overlap = rng.random(n)
             overlap[rng.random(n) < 0.3] = np.nan
             params["overlap"].append(overlap)
@@ -51,7 +55,7 @@ def _random_rows(
     unions = {
         "step": np.repeat(np.arange(num_steps), len(names)),
         "param": np.tile(names, num_steps),
-        "union_k": rng.integers(0, 10, num_steps * len(names)),
+        "union_k": rng.integers(0, np.tile(np.minimum(numel, 9), num_steps) + 1),  # <= numel
     }
     return {
         "params": {c: np.concatenate(v) for c, v in params.items()},
@@ -194,18 +198,21 @@ def test_step_window_equals_filtering_the_full_read(synthetic) -> None:
     assert len(read_trace(synthetic, steps=(100, 200)).params["k"]) == 0
 
 
-def test_missing_rank_warns(tmp_path) -> None:
+def test_a_missing_rank_makes_the_trace_incomplete(tmp_path) -> None:
     rows = _random_rows(np.random.default_rng(1), num_steps=2, world_size=2)
     _write(tmp_path, rows, world_size=2, rows_per_part=1000)
     for path in tmp_path.glob("*-r001-*.parquet"):
         path.unlink()
-    with pytest.warns(TraceWarning) as caught:
-        trace = read_trace(tmp_path)
-    messages = sorted(str(w.message) for w in caught)
-    assert messages == [
-        f"trace with world_size=2: no {t!r} rows for rank(s) [1]" for t in ("params", "steps")
-    ]
-    assert trace.ranks == (0,)
+    with pytest.raises(
+        TraceError, match=r"rank\(s\) \[1\] have no rows of step 1 .*incomplete trace"
+    ) as info:
+        read_trace(tmp_path)
+    assert str(info.value).startswith(f"{tmp_path}: ") and "\n" not in str(info.value)
+    with pytest.warns(TraceWarning, match="incomplete trace"):
+        trace = read_trace(tmp_path, on_error="skip")
+    assert trace.ranks == (0,) and trace.incomplete == str(info.value) and trace.truncated_at is None
+    prefix = read_trace(tmp_path, complete_prefix=True)
+    assert prefix.num_steps == 0 and prefix.truncated_at == 0 and len(prefix.params["step"]) == 0
 
 
 def test_writer_validates_rows_and_continues_sequence_numbers(tmp_path) -> None:
