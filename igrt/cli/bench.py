@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from igpolicy.config import PACKINGS
+from igpolicy.limits import check_count
 from igrt.workloads import WORKLOADS
 from traces.profiling import profile_trace
 
@@ -539,9 +540,12 @@ def run(args: argparse.Namespace) -> int:
     unknown = sorted(set(methods) - set(known))
     if unknown or not methods:
         raise ValueError(f"--policies: {unknown or 'none'} not among {', '.join(known)}")
-    for name in ("steps", "nproc", "batch_size", "release_period", "num_buckets", "record_steps", "rounds"):
+    for name in ("batch_size", "num_buckets", "rounds"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name, limit in (("steps", "MAX_TRAIN_STEPS"), ("record_steps", "MAX_TRAIN_STEPS"),
+                        ("nproc", "MAX_LOCAL_RANKS"), ("release_period", "MAX_RELEASE_PERIOD")):  # fmt: skip
+        check_count(getattr(args, name), what=f"--{name.replace('_', '-')}", limit=limit)
     if not 1 <= args.warmup < args.steps:
         raise ValueError(f"--warmup {args.warmup}: must be >= 1 and below --steps {args.steps}")
     print(f"igrt bench: {prepare_workload(args.workload, tiny=args.tiny, seed=args.seed)}", file=sys.stderr)
