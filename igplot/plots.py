@@ -245,6 +245,8 @@ def plot_replay(
     a_bytes.set_ylabel(unit)
     a_bytes.set_ylim(bottom=0)
     a_bytes.legend(loc="upper left")
-    if note:
-        fig.text(0.5, 0.0, note, ha="center", va="bottom", fontsize=7, color=FLOOR, wrap=True)
+    if note:  # under the title, where constrained layout leaves room for it
+        import textwrap
+
+        a_step.figure.suptitle(title + "\n" + "\n".join(textwrap.wrap(note, 140)), fontsize=9)
     return _save(fig, path)

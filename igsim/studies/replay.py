@@ -105,7 +105,8 @@ def run_workload(inputs: RunInputs):
 
 @dataclass(frozen=True, kw_only=True)
 class Replay:
-    """Per-step measured and predicted values, op-list agreement and the summary."""
+    """Per-step measured and predicted values, op-list agreement and the summary; :meth:`write`
+    puts ``replay.csv``, ``replay.json`` and ``replay.png`` (:func:`igplot.plot_replay`) in a folder."""
 
     rows: list[dict[str, Any]]  # one per step: step, measured_<f>, predicted_<f>
     summary: dict[str, Any]
@@ -120,7 +121,27 @@ class Replay:
             w.writeheader()
             w.writerows(self.rows)
         (out / "replay.json").write_text(json.dumps(self.summary, indent=2, allow_nan=False, default=str) + "\n")
-        return [out / "replay.csv", out / "replay.json"]
+        return [out / "replay.csv", out / "replay.json", self.plot(out / "replay.png")]
+
+    def plot(self, path: str | Path) -> Path:
+        """``replay.png``: measured vs predicted step time, communication time and bytes per step."""
+        from igplot import plot_replay
+
+        wire = ("values_bytes", "indices_bytes", "dense_bytes", "metadata_bytes")
+        s = self.summary
+        return plot_replay(
+            path,
+            title=f"igsim replay: {s['policy']} ({s['integration']}) on {s['world_size']} ranks, "
+            f"{s['steps']} steps — measured vs predicted",
+            steps=[r["step"] for r in self.rows],
+            measured_step_s=[r["measured_step_s"] for r in self.rows],
+            predicted_step_s=[r["predicted_step_s"] for r in self.rows],
+            measured_comm_s=[r["measured_comm_s"] for r in self.rows],
+            predicted_comm_s=[r["predicted_comm_s"] for r in self.rows],
+            measured_bytes=[sum(r[f"measured_{f}"] for f in wire) for r in self.rows],
+            predicted_bytes=[sum(r[f"predicted_{f}"] for f in wire) for r in self.rows],
+            note=s.get("note"),
+        )
 
 
 def replay_run(run_dir: str | Path, *, topology=None, calibration=None, mode: str = "auto") -> Replay:
