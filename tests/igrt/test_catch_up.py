@@ -210,7 +210,9 @@ def test_config_fingerprint_of_states_saved_before_catch_up_existed():
         return fingerprint_parts(plan=None, config=config, infos=infos, sparsifier=default_sparsifier(config))
 
     config = PolicyConfig(policy="topk")
-    before = {k: v for k, v in config.to_dict().items() if k != "catch_up"}  # the dict of older versions
+    # the dict of older versions: neither catch_up nor nonfinite existed
+    before = {k: v for k, v in config.to_dict().items() if k not in ("catch_up", "nonfinite")}
     text = json.dumps(before, sort_keys=True, separators=(",", ":"), default=str)
     assert fp(config)["config"] == hashlib.sha256(text.encode()).hexdigest()[:16]
     assert fp(PolicyConfig(policy="topk", catch_up=True))["config"] != fp(config)["config"]
+    assert fp(PolicyConfig(policy="topk", nonfinite="error"))["config"] != fp(config)["config"]
