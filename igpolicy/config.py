@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from igpolicy.limits import MAX_RELEASE_PERIOD
 from igpolicy.vocab import ComponentKind
 
 __all__ = ["POLICIES", "PolicyConfig", "check_keys"]
@@ -125,6 +126,11 @@ class PolicyConfig:
                 raise bad(f"density_per_kind[{kind}]", d, "must be in (0, 1]")
         if int(self.release_period) < 1:
             raise bad("release_period", self.release_period, "must be >= 1")
+        if self.release_period > MAX_RELEASE_PERIOD:
+            raise bad(
+                "release_period", self.release_period,
+                f"is above the limit {MAX_RELEASE_PERIOD:,} (igpolicy.limits.MAX_RELEASE_PERIOD)",
+            )  # fmt: skip
         if self.packing not in PACKINGS:
             raise bad("packing", self.packing, f"is not one of {', '.join(PACKINGS)}")
         if self.num_buckets is not None and int(self.num_buckets) < 1:

@@ -23,6 +23,7 @@ __all__ = [
     "MAX_LOCAL_RANKS",
     "MAX_RANKS",
     "MAX_RELEASE_PERIOD",
+    "MAX_SCORE",
     "MAX_SIM_STEPS",
     "MAX_TOPOLOGY_LINKS",
     "MAX_TOPOLOGY_NODES",
@@ -46,8 +47,12 @@ MAX_TRAIN_STEPS = 1_000_000
 MAX_WORKERS = 64
 # processes one igrt command spawns on this machine (--nproc)
 MAX_LOCAL_RANKS = 128
-# R, the release period: the phases are packed into R groups, one list entry each
+# R, the release period: the phases are packed into R groups, one list entry each (checked by
+# PolicyConfig and SyncPlan themselves, so a config or plan file is refused however it is read)
 MAX_RELEASE_PERIOD = 10_000
+# |score| of a plan's component: scores are summed and ratioed when a plan is profiled, compared
+# and shown; far below the largest float (1.8e308), so no sum of them overflows to inf
+MAX_SCORE = 1e300
 
 
 def check_count(value: Any, *, what: str, limit: str, minimum: int = 1) -> int:

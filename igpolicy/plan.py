@@ -11,12 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from igpolicy.config import check_keys
+from igpolicy.limits import MAX_SCORE, check_count
 from igpolicy.vocab import ComponentClass, ComponentId
 
 __all__ = ["SCHEMA_VERSION", "ComponentPlan", "SyncPlan", "compare_plans"]
@@ -48,6 +50,20 @@ class ComponentPlan:
         }
 
 
+def _check_score(c: ComponentPlan) -> None:
+    """A finite number of magnitude at most MAX_SCORE (an int too large for a float included)."""
+    s = c.score
+    if isinstance(s, bool) or not isinstance(s, numbers.Real):
+        raise ValueError(f"SyncPlan: component {c.key!r}: score must be a number, got {s!r}")
+    if not isinstance(s, numbers.Integral) and not math.isfinite(float(s)):
+        raise ValueError(f"SyncPlan: component {c.key!r} has a non-finite score {s!r}")
+    if abs(int(s) if isinstance(s, numbers.Integral) else float(s)) > MAX_SCORE:  # ints: no float()
+        raise ValueError(
+            f"SyncPlan: component {c.key!r} has a score of magnitude above {MAX_SCORE:.0e} "
+            f"(igpolicy.limits.MAX_SCORE; too large)"
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class SyncPlan:
     """The offline plan the simulator and the runtime both follow.
@@ -69,14 +85,14 @@ class SyncPlan:
             )
         if not isinstance(self.release_period, int) or self.release_period < 1:
             raise ValueError(f"SyncPlan: release_period must be an integer >= 1, got {self.release_period!r}")
+        check_count(self.release_period, what="SyncPlan: release_period", limit="MAX_RELEASE_PERIOD")
         seen: set[str] = set()
         for c in self.components:
             ComponentId.from_key(c.key)  # raises on a malformed key
             if c.key in seen:
                 raise ValueError(f"SyncPlan: component {c.key!r} appears twice")
             seen.add(c.key)
-            if not math.isfinite(c.score):
-                raise ValueError(f"SyncPlan: component {c.key!r} has a non-finite score {c.score!r}")
+            _check_score(c)
             if c.cls == ComponentClass.LOW:
                 if c.phase is None or not (0 <= c.phase < self.release_period):
                     raise ValueError(
@@ -171,6 +187,10 @@ class SyncPlan:
                 raise ValueError(f"{cwhere}: expected_bytes must be an integer, got {eb!r}")
             if not isinstance(c["key"], str):
                 raise ValueError(f"{cwhere}: key must be a string, got {c['key']!r}")
+            if abs(score) > MAX_SCORE:  # before float(): an integer beyond any float overflows there
+                raise ValueError(
+                    f"{cwhere}: score of magnitude above {MAX_SCORE:.0e} (igpolicy.limits.MAX_SCORE; too large)"
+                )
             comps.append(ComponentPlan(key=c["key"], score=float(score), cls=cls_, phase=phase, expected_bytes=eb))
         for name in ("settings", "source"):
             if not isinstance(data.get(name, {}), Mapping):

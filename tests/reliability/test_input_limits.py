@@ -130,20 +130,20 @@ def test_a_plan_with_a_huge_score_is_a_one_line_error_naming_it(tmp_path) -> Non
     score = repr(data["components"][0]["score"])
     assert score in text
     plan.write_text(text.replace(score, "1" + "0" * 400, 1))  # a valid JSON integer, too large for a float
-    code, err = _in_child("igsim", ["simulate", "--trace", str(SAMPLE), "--plan", str(plan), "--steps", "2"])
-    _assert_one_line(code, err, str(plan), "too large")
+    code, err = _in_child("igsim", ["simulate", "--trace", str(SAMPLE), "--plan", str(plan), "--policy", "importance", "--steps", "2"])
+    _assert_one_line(code, err, str(plan), "too large", "MAX_SCORE")
 
 
 @pytest.mark.parametrize(
     ("argv", "needles"),
     [
-        (["train", "--workload", "minilm", "--tiny", "--policy", "topk", "--nproc", "100000"],
-         ["--nproc 100000", "MAX_LOCAL_RANKS"]),
+        (["train", "--workload", "minilm", "--tiny", "--policy", "topk", "--ranks", "100000"],
+         ["--ranks 100000", "MAX_LOCAL_RANKS"]),
         (["train", "--workload", "minilm", "--tiny", "--policy", "topk", "--steps", str(10**7)],
          ["--steps 10000000", "MAX_TRAIN_STEPS"]),
         (["train", "--workload", "minilm", "--tiny", "--policy", "periodic", "--release-period", str(10**9)],
-         ["--release-period", "MAX_RELEASE_PERIOD"]),
-        (["bench", "--tiny", "--nproc", "100000"], ["--nproc 100000", "MAX_LOCAL_RANKS"]),
+         ["release", "1000000000", "MAX_RELEASE_PERIOD"]),  # the flag, or the config key it sets
+        (["bench", "--tiny", "--ranks", "100000"], ["--ranks 100000", "MAX_LOCAL_RANKS"]),
         (["bench", "--tiny", "--steps", str(10**7)], ["--steps 10000000", "MAX_TRAIN_STEPS"]),
     ],
     ids=["train-nproc", "train-steps", "train-release-period", "bench-nproc", "bench-steps"],
@@ -228,3 +228,34 @@ def test_an_overflow_outside_a_wrapped_read_still_names_the_input_file(tmp_path,
     path.write_text(path.read_text().replace("0.5", "1" + "0" * 400, 1))
     code = main(["show-plan", str(path)])
     _assert_one_line(code, capsys.readouterr().err, "too large", str(path))
+
+
+# ----------------------------------------------------------------------------- release periods and scores
+@pytest.mark.parametrize("period", [limits.MAX_RELEASE_PERIOD + 1, 10**9, 10**30])
+def test_a_huge_release_period_is_refused_by_the_config_and_the_plan(period) -> None:
+    """PolicyConfig and SyncPlan check MAX_RELEASE_PERIOD themselves (a config or plan file is
+    refused however it is read), one ValueError naming the limit, never an OverflowError later."""
+    from igpolicy.config import PolicyConfig
+    from igpolicy.plan import SyncPlan
+
+    with pytest.raises(ValueError, match=r"release_period.*10,000 \(igpolicy.limits.MAX_RELEASE_PERIOD\)"):
+        PolicyConfig(release_period=period)
+    with pytest.raises(ValueError, match=r"release_period.*MAX_RELEASE_PERIOD"):
+        SyncPlan(release_period=period, components=())
+    with pytest.raises(ValueError, match=r"^plan.json: .*release_period .*MAX_RELEASE_PERIOD"):
+        SyncPlan.from_json({"schema_version": 1, "release_period": period, "components": []}, where="plan.json")
+    assert PolicyConfig(release_period=limits.MAX_RELEASE_PERIOD).release_period == limits.MAX_RELEASE_PERIOD
+
+
+@pytest.mark.parametrize("score", [10**400, -(10**400), 1e301, -1e305])
+def test_a_huge_score_is_refused_by_the_plan_naming_the_limit(score) -> None:
+    from igpolicy.plan import ComponentPlan, SyncPlan
+    from igpolicy.vocab import ComponentClass
+
+    component = {"key": "0.attn_q", "score": score, "class": "important"}
+    with pytest.raises(ValueError, match=r"^plan.json: components\[0\]: score .*igpolicy.limits.MAX_SCORE"):
+        SyncPlan.from_json({"schema_version": 1, "release_period": 2, "components": [component]}, where="plan.json")
+    with pytest.raises(ValueError, match=r"'0.attn_q' .*MAX_SCORE"):
+        SyncPlan(release_period=2, components=(ComponentPlan(key="0.attn_q", score=score, cls=ComponentClass.IMPORTANT),))
+    ok = ComponentPlan(key="0.attn_q", score=limits.MAX_SCORE, cls=ComponentClass.IMPORTANT)
+    assert SyncPlan(release_period=2, components=(ok,)).components[0].score == limits.MAX_SCORE
