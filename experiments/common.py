@@ -320,7 +320,7 @@ def trace_for(
         import shutil
 
         shutil.rmtree(path)
-    argv = ["record", "--workload", workload, "--nproc", str(nproc), "--steps", str(steps)]
+    argv = ["record", "--workload", workload, "--ranks", str(nproc), "--steps", str(steps)]
     argv += ["-o", str(path), "--density", f"{density:g}", "--seed", str(seed)]
     argv += ["--no-progress", "--no-eval", "--backend", "gloo"] + (["--tiny"] if tiny else [])
     if inprocess:

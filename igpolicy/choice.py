@@ -7,8 +7,10 @@ pairs of ``index_bytes + value_bytes``:
 - sparse all-gatherv: Σ_{j≠i} k_j · (index_bytes + value_bytes)   (padded: (p-1) · k_max · s)
 - dense ring all-reduce: 2 (p-1)/p · n · value_bytes
 
-So with equal k the sparse path wins while density < 2·value_bytes / (p·(index_bytes+value_bytes)):
-below 1/p with int32 indices and fp32 values.
+So with equal k the sparse path wins while density <= 2·value_bytes / (p·(index_bytes+value_bytes)):
+1/p with int32 indices and fp32 values. :func:`crossover_density` gives that density from the same
+two cost functions :func:`choose_collective` compares, so a table that explains the choice quotes
+the rule that made it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Sequence
 
 from igpolicy.vocab import CollectiveKind
 
-__all__ = ["choose_collective", "dense_allreduce_bytes", "sparse_gather_bytes"]
+__all__ = ["choose_collective", "crossover_density", "dense_allreduce_bytes", "sparse_gather_bytes"]
 
 
 def sparse_gather_bytes(
@@ -75,3 +77,27 @@ def choose_collective(
     sparse = sparse_gather_bytes(nnz_per_rank, index_bytes=index_bytes, value_bytes=value_bytes, padded=padded)
     dense = dense_allreduce_bytes(numel, world_size=max(p, 1), value_bytes=value_bytes)
     return CollectiveKind.SPARSE_GATHER if sparse <= dense else CollectiveKind.DENSE_ALLREDUCE
+
+
+def crossover_density(*, world_size: int, index_bytes: int = 4, value_bytes: int = 4) -> float:
+    """The bucket density (pairs per dense element, equal on every rank) up to which
+    :func:`choose_collective` in ``auto`` mode picks the sparse gather; above it, the dense all-reduce.
+
+    It is the ratio of the two costs the choice compares, on a bucket of ``world_size`` elements
+    with every element sent (both costs are exact integers there): 2·value_bytes /
+    (p·(index_bytes + value_bytes)). With one rank nothing travels and the sparse path always
+    "wins" (infinity).
+
+    >>> crossover_density(world_size=256)
+    0.00390625
+    >>> crossover_density(world_size=2, value_bytes=2)
+    0.3333333333333333
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if world_size == 1:
+        return float("inf")
+    n = world_size  # dense bytes 2(p-1)·value_bytes, sparse bytes (p-1)·p·(index+value): no rounding
+    dense = dense_allreduce_bytes(n, world_size=world_size, value_bytes=value_bytes)
+    sparse = sparse_gather_bytes([n] * world_size, index_bytes=index_bytes, value_bytes=value_bytes)
+    return dense / sparse

@@ -1,4 +1,4 @@
-"""``python -m igpolicy``: inspect a SyncPlan."""
+"""python -m igpolicy: inspect a SyncPlan."""
 
 from __future__ import annotations
 

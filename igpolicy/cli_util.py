@@ -10,12 +10,95 @@ import argparse
 import contextlib
 import importlib
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from igpolicy.cli_outputs import claim_output_dir, command_scope
 
-__all__ = ["dispatch", "error_message", "reading"]
+__all__ = [
+    "DISTRIBUTION",
+    "add_deprecated_alias",
+    "build_parser",
+    "dispatch",
+    "error_message",
+    "package_version",
+    "reading",
+]
+
+DISTRIBUTION = "importance-gradient"  # the distribution every command line belongs to (pyproject.toml)
+
+
+def package_version() -> str:
+    """The installed version of :data:`DISTRIBUTION` (importlib.metadata), what ``--version`` prints."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
+class _DeprecatedAlias(argparse.Action):
+    """An old option string kept working: stores into the new option's ``dest`` and warns once."""
+
+    def __init__(self, option_strings, dest, *, new: str, **kwargs) -> None:
+        self.new = new
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"{parser.prog}: warning: {option_string} is deprecated, use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+
+
+def add_deprecated_alias(parser: argparse.ArgumentParser, old: str, new: argparse.Action) -> None:
+    """Keep the renamed option ``old`` working as a hidden alias of the action ``new`` (what
+    ``add_argument`` returned): same value and type, left out of ``--help``, a deprecation warning
+    on stderr when used."""
+    parser.add_argument(
+        old,
+        action=_DeprecatedAlias,
+        new=new.option_strings[-1],
+        dest=new.dest,
+        nargs=new.nargs,
+        const=new.const,
+        type=new.type,
+        choices=new.choices,
+        metavar=new.metavar,
+        default=argparse.SUPPRESS,
+        help=argparse.SUPPRESS,
+    )
+
+
+def build_parser(
+    *,
+    prog: str,
+    description: str,
+    commands: Mapping[str, tuple[str, str]],
+    folders: Mapping[str, str | None] | None = None,
+    load: Iterable[str] = (),
+) -> argparse.ArgumentParser:
+    """The parser of a command line: ``--version`` and one sub-parser per command, the arguments
+    of the commands in ``load`` added (their modules imported; a missing package raises
+    ModuleNotFoundError). :func:`dispatch` loads the chosen command only; tests load them all."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {package_version()}", help="print the version and exit"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    load = set(load)
+    for name, (module_name, help_text) in commands.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name in load:
+            module = importlib.import_module(module_name)
+            module.add_arguments(p)
+            if folders and name in folders:
+                p.add_argument(
+                    "--overwrite",
+                    action="store_true",
+                    help="replace the contents of a non-empty output folder (default: refuse it)",
+                )
+            p.set_defaults(_run=module.run)
+    return parser
 
 
 def dispatch(
@@ -33,7 +116,8 @@ def dispatch(
     runs inside :func:`igpolicy.cli_outputs.command_scope` (the folders it claims stay locked until
     it returns). The value is the ``args`` attribute holding the folder when dispatch claims it
     before the command runs, None when the command claims it itself (after its own checks).
-    ``launcher_rank`` (igrt: torchrun's ``RANK``): only rank 0 claims.
+    ``launcher_rank`` (igrt: torchrun's ``RANK``): only rank 0 claims. ``PROG --version`` prints
+    the package version.
 
     A ValueError, OSError (e.g. FileNotFoundError, PermissionError), OverflowError, MemoryError or
     RecursionError from a command is a user-facing error: printed as ``prog command: error: ...``
@@ -41,25 +125,14 @@ def dispatch(
     """
     folders = dict(folders or {})
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    for name, (module_name, help_text) in commands.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        if name == chosen:
-            try:
-                module = importlib.import_module(module_name)
-            except ModuleNotFoundError as e:
-                print(f"{prog} {name}: needs the Python package {e.name!r}, which is not installed", file=sys.stderr)
-                return 2
-            module.add_arguments(p)
-            if name in folders:
-                p.add_argument(
-                    "--overwrite",
-                    action="store_true",
-                    help="replace the contents of a non-empty output folder (default: refuse it)",
-                )
-            p.set_defaults(_run=module.run)
+    try:
+        parser = build_parser(
+            prog=prog, description=description, commands=commands, folders=folders, load=[chosen] if chosen else []
+        )
+    except ModuleNotFoundError as e:
+        print(f"{prog} {chosen}: needs the Python package {e.name!r}, which is not installed", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()

@@ -3,6 +3,10 @@
 Inside the project everything is bytes, seconds and bytes per second. Strings with units appear only
 at the edges (CLI flags, config and topology files) and are parsed here, strictly: "100 Gbs" is an
 error, not a guess.
+
+A command-line flag passes its name as ``flag``: then a bare number is refused ("--latency 5" could
+mean seconds or microseconds), the error names the flag and the units it takes, and only zero may
+go without a unit. Files keep the documented bare-number meaning (bytes, seconds, bytes per second).
 """
 
 from __future__ import annotations
@@ -69,6 +73,9 @@ _TIME_UNITS: dict[str, float] = {
 }
 
 
+_EXAMPLES = {"bandwidth": "10Gbit/s, 100Gbps or 12.5GB/s", "size": "25MiB or 100MB", "time": "5us or 2ms"}
+
+
 def _split(text: str, what: str) -> tuple[float, str]:
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return float(text), ""
@@ -80,25 +87,39 @@ def _split(text: str, what: str) -> tuple[float, str]:
     return float(m.group(1)), m.group(2)
 
 
+def _split_flag(text: str | float, flag: str | None, kind: str) -> tuple[float, str]:
+    """``_split`` for a file value (``flag`` None) or a command-line flag: there a bare number other
+    than zero is refused with the units the flag takes."""
+    value, unit = _split(text, flag or kind)
+    if flag is not None and unit == "" and value != 0:
+        raise ValueError(f"{flag}: give a unit, e.g. {_EXAMPLES[kind]} (got {text!r})")
+    return value, unit
+
+
 def _positive(value: float, text: object, what: str, *, allow_zero: bool = False) -> float:
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"{what}: {text!r} must be {'>= 0' if allow_zero else '> 0'} and finite")
     return value
 
 
-def parse_bandwidth(text: str | float) -> float:
+def parse_bandwidth(text: str | float, *, flag: str | None = None) -> float:
     """Parse a link rate to bytes per second.
 
     Bit rates: ``bps, kbps, Mbps, Gbps, Tbps`` (also ``Gbit/s``, ``Gbit``; case-insensitive).
-    Byte rates: ``B/s, MB/s, GB/s, MiB/s, GiB/s`` (case-sensitive B). A bare number is bytes/s.
+    Byte rates: ``B/s, MB/s, GB/s, MiB/s, GiB/s`` (case-sensitive B). A bare number is bytes/s,
+    except for a command-line ``flag``, where it is refused.
 
     >>> parse_bandwidth("100Gbps")
     12500000000.0
+    >>> parse_bandwidth("100", flag="--bandwidth")
+    Traceback (most recent call last):
+    ...
+    ValueError: --bandwidth: give a unit, e.g. 10Gbit/s, 100Gbps or 12.5GB/s (got '100')
 
     Raises ValueError on an unknown unit ("100 Gbs") or a value that is not positive and finite.
     """
-    what = "bandwidth"
-    value, unit = _split(text, what)
+    what = flag or "bandwidth"
+    value, unit = _split_flag(text, flag, "bandwidth")
     if unit == "":
         return _positive(value, text, what)
     if unit in _BYTERATE_UNITS:
@@ -110,29 +131,35 @@ def parse_bandwidth(text: str | float) -> float:
     return _positive(value * factor / 8.0, text, what)
 
 
-def parse_size(text: str | float) -> int:
+def parse_size(text: str | float, *, flag: str | None = None) -> int:
     """Parse a size to bytes: ``B, KB, MB, GB, TB`` (powers of 10) or ``KiB, MiB, GiB, TiB``.
 
     >>> parse_size("1MiB")
     1048576
 
-    A bare number is bytes. Raises ValueError on an unknown unit or a negative size.
+    A bare number is bytes, except for a command-line ``flag`` (refused unless zero). Raises
+    ValueError on an unknown unit or a negative size.
     """
-    what = "size"
-    value, unit = _split(text, what)
+    what = flag or "size"
+    value, unit = _split_flag(text, flag, "size")
     if unit and unit not in _SIZE_UNITS:
         raise ValueError(f"{what}: unknown unit {unit!r} in {text!r} (known: {', '.join(_SIZE_UNITS)})")
     return round(_positive(value * _SIZE_UNITS.get(unit, 1), text, what, allow_zero=True))
 
 
-def parse_time(text: str | float) -> float:
-    """Parse a duration to seconds: ``s, ms, us (µs), ns``; a bare number is seconds.
+def parse_time(text: str | float, *, flag: str | None = None) -> float:
+    """Parse a duration to seconds: ``s, ms, us (µs), ns``; a bare number is seconds, except for a
+    command-line ``flag`` (refused unless zero).
 
-    >>> parse_time("5us")
-    5e-06
+    >>> parse_time("2ms")
+    0.002
+    >>> parse_time("5", flag="--latency")
+    Traceback (most recent call last):
+    ...
+    ValueError: --latency: give a unit, e.g. 5us or 2ms (got '5')
     """
-    what = "time"
-    value, unit = _split(text, what)
+    what = flag or "time"
+    value, unit = _split_flag(text, flag, "time")
     if unit and unit not in _TIME_UNITS:
         raise ValueError(f"{what}: unknown unit {unit!r} in {text!r} (known: s, ms, us, ns)")
     return _positive(value * _TIME_UNITS.get(unit, 1.0), text, what, allow_zero=True)

@@ -1,4 +1,4 @@
-"""``python -m traces``: inspect and validate gradient traces."""
+"""python -m traces: inspect and validate gradient traces."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``igrt``: train with importance-aware sync, record traces, validate on a testbed, benchmark."""
+"""igrt: train with importance-aware sync, record traces, validate on a testbed, benchmark."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """``igrt bench``: the synchronizer against PyTorch's DDP and its comm hooks, one table, real ranks.
 
-    igrt bench --workload minilm --steps 12 --nproc 2
+    igrt bench --workload minilm --steps 12 --ranks 2
 
 Every method trains the same model from the same initial weights on the same data for ``--steps``
-steps, one after another in the same ``--nproc`` processes (one process set, one table); the first
+steps, one after another in the same ``--ranks`` processes (one process set, one table); the first
 ``--warmup`` steps (default 2) are left out of the times and bytes. The methods:
 
 - PyTorch's own (:data:`PEERS`): ``ddp`` (``DistributedDataParallel``, its built-in all-reduce),
@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from igpolicy.cli_util import add_deprecated_alias
 from igpolicy.config import PACKINGS
 from igpolicy.limits import check_count
 from igrt.workloads import WORKLOADS
@@ -91,11 +92,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--warmup", type=int, default=2, help="first steps left out of times and bytes (default 2)"
     )
-    p.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
+    ranks = p.add_argument("--ranks", dest="nproc", type=int, default=2, help="ranks to spawn (default 2)")
+    add_deprecated_alias(p, "--nproc", ranks)
     p.add_argument(
         "--rounds", type=int, default=1, help="rounds over every method, paired; medians shown (default 1)"
     )
-    p.add_argument("--backend", choices=("gloo", "nccl", "auto"), default="gloo", help="default gloo")
+    p.add_argument(
+        "--backend", choices=("gloo", "nccl", "auto"), default="gloo", help="auto: nccl with CUDA, else gloo (default gloo)"
+    )
     p.add_argument("--tiny", action="store_true", help="tiny random-init model (smoke runs)")
     p.add_argument("--batch-size", type=int, default=8, help="examples per rank per step (default 8)")
     p.add_argument(
@@ -113,7 +117,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=",".join(DEFAULT_METHODS),
         help=f"comma-separated methods among {', '.join(PEERS + BENCH_POLICIES)} (default: all but dense)",
     )
-    p.add_argument("--timeout", type=float, default=1800.0, help="collective timeout, seconds")
+    timeout = p.add_argument(
+        "--timeout-s", dest="timeout", type=float, default=1800.0, help="collective timeout in seconds (default 1800)"
+    )
+    add_deprecated_alias(p, "--timeout", timeout)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -545,7 +552,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     for name, limit in (("steps", "MAX_TRAIN_STEPS"), ("record_steps", "MAX_TRAIN_STEPS"),
                         ("nproc", "MAX_LOCAL_RANKS"), ("release_period", "MAX_RELEASE_PERIOD")):  # fmt: skip
-        check_count(getattr(args, name), what=f"--{name.replace('_', '-')}", limit=limit)
+        flag = "ranks" if name == "nproc" else name.replace("_", "-")
+        check_count(getattr(args, name), what=f"--{flag}", limit=limit)
     if not 1 <= args.warmup < args.steps:
         raise ValueError(f"--warmup {args.warmup}: must be >= 1 and below --steps {args.steps}")
     print(f"igrt bench: {prepare_workload(args.workload, tiny=args.tiny, seed=args.seed)}", file=sys.stderr)

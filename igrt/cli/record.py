@@ -4,7 +4,7 @@ Each rank computes its local gradient, the recorder (the runtime's own sparsifie
 would select, then the ranks average their gradients with one dense all-reduce — so the model
 trains exactly as plain data-parallel training would, and the trace is of that training.
 
-    igrt record --workload minilm --nproc 2 --steps 300 -o traces/samples/minilm
+    igrt record --workload minilm --ranks 2 --steps 300 -o traces/samples/minilm
 
 Rows reach the disk in commits of whole steps, every ``--commit-every-steps`` steps or
 ``--commit-every-s`` seconds: a run killed mid-way keeps every step up to its ranks' last commit,
@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from igpolicy.cli_util import add_deprecated_alias
 from igrt.workloads import WORKLOADS
 
 RECORD_SPARSIFIERS = ("topk", "adtopk", "randomk")
@@ -34,20 +35,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-o", "--output", required=True, type=Path, help="trace directory (must not hold a trace)"
     )
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps to record (default 100)")
-    parser.add_argument(
-        "--nproc", type=int, default=2, help="ranks to spawn (ignored under torchrun; default 2)"
+    ranks = parser.add_argument(
+        "--ranks", dest="nproc", type=int, default=2, help="ranks to spawn (ignored under torchrun; default 2)"
     )
+    add_deprecated_alias(parser, "--nproc", ranks)
     parser.add_argument(
         "--density", type=float, default=0.01, help="sparsifier density in (0, 1] (default 0.01)"
     )
-    parser.add_argument("--sparsifier", choices=RECORD_SPARSIFIERS, default="topk", help="default topk")
+    parser.add_argument(
+        "--sparsifier", choices=RECORD_SPARSIFIERS, default="topk", help="entry selection to record (default topk)"
+    )
     parser.add_argument(
         "--batch-size", type=int, default=16, help="examples per rank per micro-batch (default 16)"
     )
     parser.add_argument("--grad-accum-steps", type=int, default=1, help="micro-batches per step (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="model, data and sparsifier seed (default 0)")
     parser.add_argument("--tiny", action="store_true", help="tiny random-init model (tests, smoke runs)")
-    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="default auto")
+    parser.add_argument(
+        "--backend", choices=("auto", "gloo", "nccl"), default="auto", help="auto: nccl with CUDA, else gloo (default)"
+    )
     parser.add_argument("--rows-per-part", type=int, default=200_000, help="at most this many rows per part")
     parser.add_argument(
         "--commit-every-steps",
@@ -67,9 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-eval", action="store_true", help="skip the held-out evaluation before and after"
     )
-    parser.add_argument(
-        "--timeout", type=float, default=600.0, help="collective timeout, seconds (default 600)"
+    timeout = parser.add_argument(
+        "--timeout-s", dest="timeout", type=float, default=600.0, help="collective timeout in seconds (default 600)"
     )
+    add_deprecated_alias(parser, "--timeout", timeout)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -78,7 +85,7 @@ def _command_line(args: argparse.Namespace) -> str:
     parts = [
         "igrt record",
         f"--workload {args.workload}",
-        f"--nproc {args.nproc}",
+        f"--ranks {args.nproc}",
         f"--steps {args.steps}",
         f"-o {args.output}",
         f"--density {args.density:g}",
@@ -102,7 +109,8 @@ def _command_line(args: argparse.Namespace) -> str:
 def _check(args: argparse.Namespace) -> None:
     for name in ("steps", "nproc", "batch_size", "grad_accum_steps", "rows_per_part"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            flag = "ranks" if name == "nproc" else name.replace("_", "-")
+            raise ValueError(f"--{flag} must be >= 1, got {getattr(args, name)}")
     if not 0.0 < args.density <= 1.0:
         raise ValueError(f"--density must be in (0, 1], got {args.density}")
     if args.commit_every_steps < 0:

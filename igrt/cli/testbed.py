@@ -1,6 +1,6 @@
 """``igrt testbed up|down|status``: the network-namespace testbed (needs root).
 
-    igrt testbed up --ranks 4 --rate 100Mbit       # prints the run id, e.g. 3f9c01ab
+    igrt testbed up --ranks 4 --bandwidth 100Mbit       # prints the run id, e.g. 3f9c01ab
     igrt testbed down --run-id 3f9c01ab            # removes that testbed only
     igrt testbed down --all                        # removes every testbed (explicitly)
 
@@ -12,33 +12,53 @@ from __future__ import annotations
 
 import argparse
 
+from igpolicy.cli_util import add_deprecated_alias
 from igpolicy.units import format_bandwidth, parse_bandwidth
 from igrt.testbed import namespaces as testbed
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=("up", "down", "status"))
+    p.add_argument(
+        "action", choices=("up", "down", "status"), help="up: build a testbed, down: remove one, status: list them"
+    )
     p.add_argument("--ranks", type=int, default=4, help="number of rank namespaces (default 4)")
-    p.add_argument("--rate", default="100Mbit", help="per-rank link rate, both directions (default 100Mbit)")
+    rate = p.add_argument(
+        "--bandwidth",
+        dest="rate",
+        default="100Mbit",
+        help="per-rank link rate with a unit, both directions, e.g. 100Mbit, 1Gbit/s (default 100Mbit)",
+    )
     p.add_argument("--two-level", action="store_true", help="two bridges joined by one shaped uplink")
-    p.add_argument("--uplink-rate", default=None, help="rate of the inter-bridge link (default: --rate)")
+    uplink = p.add_argument(
+        "--uplink-bandwidth",
+        dest="uplink_rate",
+        default=None,
+        help="rate of the inter-bridge link, with a unit (default: --bandwidth)",
+    )
     p.add_argument("--hetero", action="store_true", help="make the last rank's NIC slower")
-    p.add_argument("--slow-rate", default=None, help="rate of the slow NIC with --hetero (default: rate/4)")
+    slow = p.add_argument(
+        "--slow-bandwidth",
+        dest="slow_rate",
+        default=None,
+        help="rate of the slow NIC with --hetero, with a unit (default: --bandwidth / 4)",
+    )
+    for old, new in (("--rate", rate), ("--uplink-rate", uplink), ("--slow-rate", slow)):
+        add_deprecated_alias(p, old, new)
     p.add_argument("--run-id", default=None, help="down: the testbed to remove (printed by up); up: its id")
     p.add_argument("--all", action="store_true", help="down: remove every testbed of every run")
 
 
 def spec_from_args(args: argparse.Namespace) -> testbed.TestbedSpec:
-    rate = parse_bandwidth(args.rate)
+    rate = parse_bandwidth(args.rate, flag="--bandwidth")
     ids = {"run_id": args.run_id} if getattr(args, "run_id", None) else {}
     return testbed.TestbedSpec(
         **ids,
         num_ranks=args.ranks,
         rate_bytes_per_s=rate,
         two_level=args.two_level,
-        uplink_rate_bytes_per_s=parse_bandwidth(args.uplink_rate) if args.uplink_rate else None,
+        uplink_rate_bytes_per_s=parse_bandwidth(args.uplink_rate, flag="--uplink-bandwidth") if args.uplink_rate else None,
         slow_rank=args.ranks - 1 if args.hetero else None,
-        slow_rate_bytes_per_s=(parse_bandwidth(args.slow_rate) if args.slow_rate else rate / 4)
+        slow_rate_bytes_per_s=(parse_bandwidth(args.slow_rate, flag="--slow-bandwidth") if args.slow_rate else rate / 4)
         if args.hetero
         else None,
     )

@@ -1,6 +1,6 @@
 """``igrt train``: train a reference workload on real processes with a gradient-sync policy.
 
-    igrt train --workload minilm --policy importance --plan plan.json --nproc 2 --steps 200 --out runs/imp
+    igrt train --workload minilm --policy importance --plan plan.json --ranks 2 --steps 200 --out runs/imp
     torchrun --nproc-per-node 2 -m igrt train --workload gpt --policy topk --steps 100 --out runs/topk
 
 The policy comes from ``--config FILE.json`` (PolicyConfig keys, strict: an unknown or removed key
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from igpolicy.cli_outputs import claim_output_dir
-from igpolicy.cli_util import reading
+from igpolicy.cli_util import add_deprecated_alias, reading
 from igpolicy.config import PACKINGS, POLICIES, SPARSIFIERS, PolicyConfig
 from igpolicy.limits import check_count
 from igpolicy.step_plan import INTEGRATIONS
@@ -61,7 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up steps (default 0)")
     p.add_argument("--policy", choices=POLICIES, default=None, help="sync policy (or 'policy' in --config)")
     p.add_argument("--plan", type=Path, default=None, help="SyncPlan JSON (required by --policy importance)")
-    p.add_argument("--nproc", type=int, default=2, help="ranks to spawn (ignored under torchrun; default 2)")
+    ranks = p.add_argument(
+        "--ranks", dest="nproc", type=int, default=2, help="ranks to spawn (ignored under torchrun; default 2)"
+    )
+    add_deprecated_alias(p, "--nproc", ranks)
     p.add_argument(
         "--backend",
         choices=("auto", "gloo", "nccl"),
@@ -97,7 +100,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--batch-size", type=int, default=16, help="examples per rank per micro-batch (default 16)"
     )
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (default 1)")
+    accum = p.add_argument(
+        "--grad-accum-steps", dest="grad_accum", type=int, default=1, help="micro-batches per optimizer step (default 1)"
+    )
+    add_deprecated_alias(p, "--grad-accum", accum)
     p.add_argument(
         "--integration",
         choices=INTEGRATIONS,
@@ -119,7 +125,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--resume", type=Path, default=None, help="continue from a checkpoint (DIR or DIR/checkpoint)"
     )
     p.add_argument("--out", type=Path, default=None, help="output directory (default runs/WORKLOAD-POLICY)")
-    p.add_argument("--timeout", type=float, default=600.0, help="collective timeout, seconds (default 600)")
+    timeout = p.add_argument(
+        "--timeout-s", dest="timeout", type=float, default=600.0, help="collective timeout in seconds (default 600)"
+    )
+    add_deprecated_alias(p, "--timeout", timeout)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no status lines")
     p.add_argument(
@@ -205,7 +214,7 @@ def options_from_args(args: argparse.Namespace):
             plan = SyncPlan.load(args.plan)
         check_count(plan.release_period, what=f"--plan {args.plan}: release_period", limit="MAX_RELEASE_PERIOD")
     out = args.out if args.out is not None else Path("runs") / f"{workload}-{config.policy}"
-    check_count(args.nproc, what="--nproc", limit="MAX_LOCAL_RANKS")
+    check_count(args.nproc, what="--ranks", limit="MAX_LOCAL_RANKS")
     check_count(args.steps, what="--steps", limit="MAX_TRAIN_STEPS")
     return TrainOptions(
         workload=workload,

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from igpolicy.cli_outputs import claim_output_dir
+from igpolicy.cli_util import add_deprecated_alias
 from igpolicy.units import format_bandwidth, parse_bandwidth
 from igrt.testbed import namespaces as testbed
 from igrt.testbed import netmeasure
@@ -48,13 +49,28 @@ POLICIES = ("dense", "topk", "importance")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=int, default=4, help="rank namespaces (default 4)")
-    p.add_argument("--rate", default="100Mbit", help="per-rank link rate, both directions (default 100Mbit)")
+    rate = p.add_argument(
+        "--bandwidth",
+        dest="rate",
+        default="100Mbit",
+        help="per-rank link rate with a unit, both directions, e.g. 100Mbit, 1Gbit/s (default 100Mbit)",
+    )
     p.add_argument("--two-level", action="store_true", help="two bridges joined by one slower uplink")
-    p.add_argument(
-        "--uplink-rate", default=None, help="inter-bridge rate with --two-level (default: rate / 2)"
+    uplink = p.add_argument(
+        "--uplink-bandwidth",
+        dest="uplink_rate",
+        default=None,
+        help="inter-bridge rate with --two-level, with a unit (default: --bandwidth / 2)",
     )
     p.add_argument("--hetero", action="store_true", help="give the last rank a slower NIC")
-    p.add_argument("--slow-rate", default=None, help="rate of the slow NIC with --hetero (default: rate / 4)")
+    slow = p.add_argument(
+        "--slow-bandwidth",
+        dest="slow_rate",
+        default=None,
+        help="rate of the slow NIC with --hetero, with a unit (default: --bandwidth / 4)",
+    )
+    for old, new in (("--rate", rate), ("--uplink-rate", uplink), ("--slow-rate", slow)):
+        add_deprecated_alias(p, old, new)
     p.add_argument("--quick", action="store_true", help="few sizes and 3 reps (the CI smoke version)")
     p.add_argument("--reps", type=int, default=None, help="timed reps per case (default 7, --quick 3)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per case before the reps")
@@ -69,16 +85,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> testbed.TestbedSpec:
-    rate = parse_bandwidth(args.rate)
+    rate = parse_bandwidth(args.rate, flag="--bandwidth")
     return testbed.TestbedSpec(
         num_ranks=args.ranks,
         rate_bytes_per_s=rate,
         two_level=args.two_level,
-        uplink_rate_bytes_per_s=(parse_bandwidth(args.uplink_rate) if args.uplink_rate else rate / 2)
+        uplink_rate_bytes_per_s=(
+            parse_bandwidth(args.uplink_rate, flag="--uplink-bandwidth") if args.uplink_rate else rate / 2
+        )
         if args.two_level
         else None,
         slow_rank=args.ranks - 1 if args.hetero else None,
-        slow_rate_bytes_per_s=(parse_bandwidth(args.slow_rate) if args.slow_rate else rate / 4)
+        slow_rate_bytes_per_s=(parse_bandwidth(args.slow_rate, flag="--slow-bandwidth") if args.slow_rate else rate / 4)
         if args.hetero
         else None,
     )
@@ -183,7 +201,7 @@ def prepare_steps(steps_dir: Path, *, workload: str, steps: int, tiny: bool) -> 
     trace, plan = steps_dir / "trace", steps_dir / "plan.json"
     size = ["--tiny"] if tiny else []
     if not (trace / "manifest.json").exists():
-        cmd = [sys.executable, "-m", "igrt", "record", "--workload", workload, *size, "--nproc", "2",
+        cmd = [sys.executable, "-m", "igrt", "record", "--workload", workload, *size, "--ranks", "2",
                "--steps", str(steps + 2), "-o", str(trace)]  # fmt: skip
         _subprocess(cmd, what="recording the trace")
     if not plan.exists():
@@ -197,7 +215,7 @@ def train_on_testbed(
     """``igrt train`` of ``policy`` for ``steps`` steps, one process per rank namespace, into
     ``steps_dir/real_<policy>`` (metrics.csv with every rank's StepMetrics rows)."""
     args = ["igrt", "train", "--workload", workload, "--policy", policy, "--steps", str(steps), "--no-eval",
-            "--no-progress", "--out", str(steps_dir / f"real_{policy}"), "--timeout", str(timeout_s),
+            "--no-progress", "--out", str(steps_dir / f"real_{policy}"), "--timeout-s", str(timeout_s),
             "--record-trace"]  # fmt: skip
     args += ["--tiny"] if tiny else []
     args += ["--plan", str(steps_dir / "plan.json")] if policy == "importance" else []

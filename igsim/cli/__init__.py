@@ -1,4 +1,4 @@
-"""``igsim``: profile traces, simulate policies on clusters, sweep scenarios, run the demo."""
+"""igsim: profile traces, simulate policies on clusters, sweep scenarios, run the demo."""
 
 from __future__ import annotations
 

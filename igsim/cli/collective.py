@@ -32,8 +32,8 @@ from igsim.net.topology import load_topology, star
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--op", choices=OPS, default="all_reduce")
-    parser.add_argument("--algorithm", choices=ALGORITHMS, default="ring")
+    parser.add_argument("--op", choices=OPS, default="all_reduce", help="the collective (default all_reduce)")
+    parser.add_argument("--algorithm", choices=ALGORITHMS, default="ring", help="its algorithm (default ring)")
     parser.add_argument(
         "--ranks", type=int, help="number of ranks (star); checked against --topology if both"
     )
@@ -41,13 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sizes", help="comma-separated payload per rank for sparse_all_gather, e.g. 1MB,2MB"
     )
-    parser.add_argument("--bandwidth", help="link rate of the star, e.g. 100Gbps, 12.5GB/s")
-    parser.add_argument("--latency", default="0s", help="rank-to-rank latency of the star, e.g. 5us")
+    parser.add_argument("--bandwidth", help="link rate of the star with a unit, e.g. 100Gbps, 12.5GB/s")
+    parser.add_argument("--latency", default="0s", help="rank-to-rank latency of the star with a unit, e.g. 5us (default 0s)")
     parser.add_argument("--topology", help="a topology file (JSON or YAML) instead of the star")
     parser.add_argument("--calibration", help="a calibration JSON file (alpha, effective bandwidth, gamma)")
     parser.add_argument("--chunks", type=int, default=1, help="pipelining chunks (tree, ring broadcast)")
     parser.add_argument("--root", type=int, default=0, help="broadcast root rank")
-    parser.add_argument("--mode", choices=MODES, default="auto")
+    parser.add_argument("--mode", choices=MODES, default="auto", help="costing: flow simulation, closed form or auto (default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -70,10 +70,10 @@ def run(args: argparse.Namespace) -> int:
         if args.ranks is None or args.bandwidth is None:
             raise ValueError("give --ranks and --bandwidth (a star), or --topology FILE")
         check_count(args.ranks, what="--ranks", limit="MAX_RANKS")
-        latency_s = parse_time(args.latency)
+        latency_s = parse_time(args.latency, flag="--latency")
         topo = star(
             num_ranks=args.ranks,
-            bandwidth_bytes_per_s=parse_bandwidth(args.bandwidth),
+            bandwidth_bytes_per_s=parse_bandwidth(args.bandwidth, flag="--bandwidth"),
             latency_s=latency_s / 2,
         )
     p = topo.num_ranks
@@ -81,14 +81,14 @@ def run(args: argparse.Namespace) -> int:
     if args.op == "sparse_all_gather":
         if not args.sizes:
             raise ValueError("--op sparse_all_gather needs --sizes (one payload per rank, comma-separated)")
-        sizes = tuple(parse_size(s.strip()) for s in args.sizes.split(","))
+        sizes = tuple(parse_size(s.strip(), flag="--sizes") for s in args.sizes.split(","))
         if len(sizes) != p:
             raise ValueError(f"--sizes lists {len(sizes)} payloads for {p} ranks")
         n = float(sum(sizes))
     else:
         if args.size is None:
             raise ValueError(f"--op {args.op} needs --size (bytes per rank, e.g. 100MB)")
-        n = float(parse_size(args.size))
+        n = float(parse_size(args.size, flag="--size"))
     calibration = None
     if args.calibration:
         with reading(args.calibration, "--calibration"):

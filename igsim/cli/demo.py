@@ -30,8 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="fewer points and steps")
     p.add_argument("--trace", help="use this trace instead of the shipped MiniLM sample")
     p.add_argument("--sample", default="minilm", help="name of the shipped sample trace (default minilm)")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--workers", type=int, default=2, help="parallel simulations (default 2)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _find_trace(args: argparse.Namespace) -> Path | None:
@@ -47,7 +47,7 @@ def _find_trace(args: argparse.Namespace) -> Path | None:
     except ValueError as e:
         print(
             f"igsim demo: the sample trace {args.sample!r} is not available yet ({e}).\n"
-            f"  Record one with:  igrt record --workload minilm --nproc 2 --steps 300 -o traces/samples/minilm\n"
+            f"  Record one with:  igrt record --workload minilm --ranks 2 --steps 300 -o traces/samples/minilm\n"
             f"  or run the demo on any trace:  igsim demo --trace DIR",
             file=sys.stderr,
         )
@@ -55,7 +55,7 @@ def _find_trace(args: argparse.Namespace) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from igsim.cli.options import check_workers, format_plan_table
+    from igsim.cli.options import check_workers, collective_footnote, format_plan_table
     from igsim.step.workload import Workload
     from igsim.studies.sweep import format_sweep_table, plot_sweep, run_sweep, write_sweep_csv
     from traces.profiling import profile_trace
@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     print(format_sweep_table(rows))
+    print(collective_footnote(config, grid["ranks"]))
     csv_path = write_sweep_csv(rows, out / "sweep.csv")
     png_path = plot_sweep(rows, out / "sweep.png", title=f"{workload.name}: dense vs Top-k+EF vs importance")
     _headline(rows)

@@ -4,8 +4,11 @@ calibrations, plans, windows, plan tables): the commands import this module, nev
 from __future__ import annotations
 
 import argparse
+import textwrap
+from collections.abc import Iterable
 from typing import Any
 
+from igpolicy.choice import crossover_density
 from igpolicy.cli_outputs import check_output_file
 from igpolicy.cli_util import reading
 from igpolicy.config import PACKINGS, POLICIES, SPARSIFIERS, PolicyConfig
@@ -19,6 +22,7 @@ __all__ = [
     "check_output_files",
     "check_sim_steps",
     "check_workers",
+    "collective_footnote",
     "format_plan_table",
     "load_calibration",
     "load_plan",
@@ -91,8 +95,20 @@ def format_plan_table(plan: SyncPlan, scores: Any) -> str:
     return "\n".join(lines)
 
 
-def add_policy_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policy", default="importance", choices=POLICIES)
+COLLECTIVE_HELP = (
+    "per bucket: sparse = an all-gather of (index, value) pairs, dense = a ring all-reduce of the "
+    "whole bucket, auto (default) = the one that moves fewer bytes on the bucket's nominal sizes: "
+    "sparse while its density is at most 2 x value bytes / (ranks x (index + value bytes)), 1/ranks "
+    "with 4-byte indices and values; the table's collective column says what each policy used"
+)
+
+
+def add_policy_arguments(p: argparse.ArgumentParser, *, policy: bool = True) -> None:
+    """The policy flags; ``policy=False`` leaves out ``--policy`` (igsim sweep takes ``--policies``)."""
+    if policy:
+        p.add_argument(
+            "--policy", required=True, choices=POLICIES, help=f"sync policy (required): {', '.join(POLICIES)}"
+        )
     p.add_argument(
         "--sparsifier",
         default=None,
@@ -105,15 +121,21 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="sparsifier density in (0, 1] (default: the trace's, else 0.01)",
     )
-    p.add_argument("--release-period", type=int, default=4)
+    p.add_argument(
+        "--release-period", type=int, default=4, help="R: low-importance components release every R steps (default 4)"
+    )
     p.add_argument(
         "--no-stagger", action="store_true", help="release every low component on one step (burst)"
     )
-    p.add_argument("--packing", default="kk", choices=PACKINGS)
+    p.add_argument("--packing", default="kk", choices=PACKINGS, help="bucket packing (default kk)")
     p.add_argument("--num-buckets", type=int, default=None, help="bucket count (default: from --bucket-cap)")
-    p.add_argument("--bucket-cap", default="25MiB", help="bucket size cap when --num-buckets is not given")
-    p.add_argument("--collective", default="auto", choices=("auto", "sparse", "dense"))
-    p.add_argument("--value-bytes", type=int, default=4, choices=(2, 4))
+    p.add_argument(
+        "--bucket-cap", default="25MiB", help="bucket size cap when --num-buckets is not given, e.g. 25MiB (default)"
+    )
+    p.add_argument("--collective", default="auto", choices=("auto", "sparse", "dense"), help=COLLECTIVE_HELP)
+    p.add_argument(
+        "--value-bytes", type=int, default=4, choices=(2, 4), help="bytes per gradient value on the wire (default 4)"
+    )
 
 
 def make_config(
@@ -122,6 +144,8 @@ def make_config(
     """A PolicyConfig from the policy flags (``policy`` overrides ``--policy``); without
     ``--density``, the density the workload's trace was recorded at (else 0.01)."""
     policy = policy or args.policy
+    if policy is None:
+        raise ValueError(f"--policy: choose one of {', '.join(POLICIES)}")
     check_count(args.release_period, what="--release-period", limit="MAX_RELEASE_PERIOD")
     density = args.density
     if density is None:
@@ -134,7 +158,7 @@ def make_config(
         staggered=not args.no_stagger,
         packing=args.packing,
         num_buckets=args.num_buckets,
-        bucket_cap_bytes=max(1, parse_size(args.bucket_cap)),
+        bucket_cap_bytes=max(1, parse_size(args.bucket_cap, flag="--bucket-cap")),
         collective=args.collective,
         value_bytes=args.value_bytes,
         seed=getattr(args, "seed", 0),
@@ -151,9 +175,42 @@ def make_topology(args: argparse.Namespace) -> Any:
     check_count(args.ranks, what="--ranks", limit="MAX_RANKS")
     return topo.star(
         num_ranks=args.ranks,
-        bandwidth_bytes_per_s=parse_bandwidth(args.bandwidth),
-        latency_s=parse_time(args.latency),
+        bandwidth_bytes_per_s=parse_bandwidth(args.bandwidth, flag="--bandwidth"),
+        latency_s=parse_time(args.latency, flag="--latency"),
     )
+
+
+def collective_footnote(config: PolicyConfig, world_sizes: Iterable[int]) -> str:
+    """The footnote under a table with a ``collective`` column: the crossover density of the
+    sparse-vs-dense choice at each world size (:func:`igpolicy.choice.crossover_density`, the rule
+    :func:`igpolicy.choice.choose_collective` applies) and what it means for this run's density."""
+    ib, vb = config.index_bytes, config.value_bytes
+    sizes = sorted({int(w) for w in world_sizes if int(w) > 1})
+    cross = {w: crossover_density(world_size=w, index_bytes=ib, value_bytes=vb) for w in sizes}
+    at = ", ".join(f"{cross[w]:.3g} at {w} ranks" for w in sizes) or "no crossover on one rank"
+    lines = [
+        "collective: how each policy's buckets were aggregated (mixed D/N dense: D of the run's N payload "
+        "collectives went dense).",
+        f"--collective {config.collective}: "
+        + (
+            f"a bucket goes as a sparse gather ({ib}+{vb} bytes per index-value pair to every other rank) only "
+            f"while its density is at most 2 x {vb} / (p x {ib + vb}), where a ring all-reduce (2(p-1)/p x {vb} "
+            f"bytes per element) becomes cheaper: {at}."
+            if config.collective == "auto"
+            else f"every bucket takes the {config.collective} path (auto would switch to dense above density {at})."
+        ),
+    ]
+    if config.collective == "auto":
+        dense_at = [w for w in sizes if config.density > cross[w]]
+        lines.append(
+            f"At density {config.density:g}, Top-k-style buckets go dense from {dense_at[0]} ranks on and cost "
+            "what dense costs there; buckets whose k rounds up (small tensors) cross earlier (mixed)."
+            if dense_at
+            else f"At density {config.density:g} the sparse gather wins at every world size here; only buckets "
+            "whose k rounds up (small tensors) may go dense (mixed)."
+        )
+    lines = [textwrap.fill(line, width=110, subsequent_indent="  ") for line in lines]
+    return "\n".join(lines)
 
 
 def load_calibration(path: str | None) -> Any:

@@ -21,15 +21,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path, help="an igrt train output folder recorded with --record-trace")
     p.add_argument("--topology", default=None, help="topology file (YAML/JSON) with the run's world size")
     p.add_argument("--calibration", default=None, help="calibration JSON (igsim validate-report / igrt validate)")
-    p.add_argument("--bandwidth", default=None, help="without --topology: star link rate (default 10Gbps)")
-    p.add_argument("--latency", default=None, help="without --topology: rank-to-rank latency (default 50us)")
+    p.add_argument(
+        "--bandwidth", default=None, help="without --topology: star link rate with a unit, e.g. 10Gbps (default 10Gbps)"
+    )
+    p.add_argument(
+        "--latency", default=None, help="without --topology: rank-to-rank latency with a unit, e.g. 50us (default 50us)"
+    )
     p.add_argument("--mode", default="auto", choices=("auto", "flow", "analytic"), help="collective costing")
     p.add_argument("--out", type=Path, default=None, help="where replay.csv / replay.json go (default RUN_DIR/replay)")
     p.add_argument("--rows", type=int, default=12, help="steps to print (default 12; all are in replay.csv)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from igsim.cli.options import load_calibration
+    from igsim.cli.options import collective_footnote, load_calibration
     from igsim.net.topology import load_topology, star
     from igsim.studies.replay import format_replay, load_run, replay_run
 
@@ -42,8 +46,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.bandwidth or args.latency:
         topology = star(
             num_ranks=inputs.world_size,
-            bandwidth_bytes_per_s=parse_bandwidth(args.bandwidth or "10Gbps"),
-            latency_s=parse_time(args.latency or "50us") / 2,
+            bandwidth_bytes_per_s=parse_bandwidth(args.bandwidth or "10Gbps", flag="--bandwidth"),
+            latency_s=parse_time(args.latency or "50us", flag="--latency") / 2,
         )
     calibration = load_calibration(args.calibration)
     out = args.out if args.out is not None else Path(args.run_dir) / "replay"
@@ -51,5 +55,6 @@ def run(args: argparse.Namespace) -> int:
     rep = replay_run(args.run_dir, topology=topology, calibration=calibration, mode=args.mode)
     paths = rep.write(out)
     print(format_replay(rep, max_rows=args.rows))
+    print(collective_footnote(inputs.config, [inputs.world_size]))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0 if rep.summary["bytes_exact"] and rep.summary["ops_exact"] else 1

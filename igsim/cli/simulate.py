@@ -21,6 +21,7 @@ from igsim.cli.options import (
     add_policy_arguments,
     check_output_files,
     check_sim_steps,
+    collective_footnote,
     load_calibration,
     load_plan,
     make_config,
@@ -54,12 +55,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration", help="calibration JSON (per link class alpha, effective bandwidth)")
     p.add_argument("--ranks", type=int, default=8, help="star topology: number of ranks (default 8)")
     p.add_argument(
-        "--bandwidth", default="100Gbps", help="star topology: per-rank link rate (default 100Gbps)"
+        "--bandwidth",
+        default="100Gbps",
+        help="star topology: per-rank link rate with a unit, e.g. 100Gbps, 10Gbit/s, 12.5GB/s (default 100Gbps)",
     )
-    p.add_argument("--latency", default="5us", help="star topology: per-link latency (default 5us)")
+    p.add_argument(
+        "--latency", default="5us", help="star topology: per-link latency with a unit, e.g. 5us, 2ms (default 5us)"
+    )
     add_policy_arguments(p)
     p.add_argument("--steps", type=int, default=100, help="steps to simulate (default 100)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the sparsifier draws and jitter (default 0)")
     p.add_argument("--mode", default="auto", choices=MODES, help="collective costing (default auto)")
     p.add_argument(
         "--integration",
@@ -72,8 +77,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compute-cv", type=float, default=0.0, help="per-rank compute jitter (coefficient of variation)"
     )
-    p.add_argument("--straggler-rank", type=int, default=None)
-    p.add_argument("--straggler-slowdown", type=float, default=1.0)
+    p.add_argument("--straggler-rank", type=int, default=None, help="this rank's compute is slowed down")
+    p.add_argument(
+        "--straggler-slowdown", type=float, default=1.0, help="compute-time factor of --straggler-rank (default 1)"
+    )
     p.add_argument("--csv", help="write StepMetrics rows as CSV")
     p.add_argument("--json", help="write summary, settings and rows as JSON")
     p.add_argument("--chrome-trace", help="write a Chrome/Perfetto trace of the first 200 steps")
@@ -119,14 +126,15 @@ def run(args: argparse.Namespace) -> int:
         f"topology {args.topology}"
         if args.topology
         else (
-            f"star of {args.ranks} ranks at {format_bandwidth(parse_bandwidth(args.bandwidth))}, "
-            f"latency {format_time(parse_time(args.latency))}"
+            f"star of {args.ranks} ranks at {format_bandwidth(parse_bandwidth(args.bandwidth, flag='--bandwidth'))}, "
+            f"latency {format_time(parse_time(args.latency, flag='--latency'))}"
         )
     )
     print(
         f"workload {workload.name} ({len(workload.params)} params), {where}, k from {result.settings['k_source']}"
     )
     print(result.format_summary())
+    print(collective_footnote(config, [result.world_size]))
     for flag, method in (
         ("csv", result.to_csv),
         ("json", result.to_json),

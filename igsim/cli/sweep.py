@@ -24,6 +24,7 @@ from igsim.cli.options import (
     check_output_files,
     check_sim_steps,
     check_workers,
+    collective_footnote,
     load_plan,
     make_config,
     make_workload,
@@ -46,19 +47,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", help="trace directory to replay")
     src.add_argument("--model", help="built-in architecture (e.g. llama-7b)")
-    p.add_argument("--window", default=None, metavar="A:B")
-    p.add_argument("--accelerator", default="h100")
-    p.add_argument("--utilisation", type=float, default=0.4)
-    p.add_argument("--tokens-per-step", type=int, default=4096)
+    p.add_argument("--window", default=None, metavar="A:B", help="--trace: recorded steps A <= step < B only")
+    p.add_argument("--accelerator", default="h100", help="--model: a100, h100 or h200 (default h100)")
+    p.add_argument("--utilisation", type=float, default=0.4, help="--model: fraction of peak FLOP/s (default 0.4)")
+    p.add_argument(
+        "--tokens-per-step", type=int, default=4096, help="--model: tokens per rank per step (default 4096)"
+    )
     p.add_argument("--plan", help="SyncPlan JSON for the importance policy")
     p.add_argument("--policies", default="dense,topk,importance", help="comma-separated policies")
-    p.add_argument("--bandwidths", default="1Gbps,10Gbps,100Gbps,400Gbps", help="comma-separated link rates")
-    p.add_argument("--ranks", default="8,64,256", help="comma-separated world sizes")
-    p.add_argument("--latency", default="5us")
-    add_policy_arguments(p)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--mode", default="auto", choices=MODES)
+    p.add_argument(
+        "--bandwidths",
+        default="1Gbps,10Gbps,100Gbps,400Gbps",
+        help="comma-separated link rates, each with a unit (default 1Gbps,10Gbps,100Gbps,400Gbps)",
+    )
+    p.add_argument("--ranks", default="8,64,256", help="comma-separated world sizes (default 8,64,256)")
+    p.add_argument("--latency", default="5us", help="per-link latency with a unit, e.g. 5us, 2ms (default 5us)")
+    add_policy_arguments(p, policy=False)
+    p.add_argument("--steps", type=int, default=20, help="steps to simulate per point (default 20)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sparsifier draws (default 0)")
+    p.add_argument("--mode", default="auto", choices=MODES, help="collective costing (default auto)")
     p.add_argument(
         "--workers", type=int, default=2, help="parallel runs, at most the CPUs available (default 2)"
     )
@@ -68,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --executor ray: the cluster to join (e.g. auto); default: start a local one")  # fmt: skip
     p.add_argument("--png", help="write the plot here")
     p.add_argument("--csv", help="write one line per point here")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def parse_list(text: str, what: str) -> list[str]:
@@ -83,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     for pol in policies:
         if pol not in POLICIES:
             raise ValueError(f"--policies: {pol!r} is not one of {', '.join(POLICIES)}")
-    bandwidths = [parse_bandwidth(b) for b in parse_list(args.bandwidths, "bandwidths")]
+    bandwidths = [parse_bandwidth(b, flag="--bandwidths") for b in parse_list(args.bandwidths, "bandwidths")]
     try:
         sizes = [int(w) for w in parse_list(args.ranks, "ranks")]
     except ValueError:
@@ -100,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             f"note: --workers {args.workers} > the {available_cpus()} CPUs available here: using {available_cpus()}"
         )
     workload = make_workload(args)
-    config = make_config(args, workload=workload)
+    config = make_config(args, policy=policies[0], workload=workload)
     plan = load_plan(args.plan)
     if "importance" in policies and plan is None:
         if not args.trace:
@@ -122,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         policies=policies,
         bandwidths_bytes_per_s=bandwidths,
         world_sizes=sizes,
-        latency_s=parse_time(args.latency),
+        latency_s=parse_time(args.latency, flag="--latency"),
         num_steps=args.steps,
         seed=args.seed,
         mode=args.mode,
@@ -133,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"workload {workload.name}: {len(rows)} runs of {args.steps} steps ({args.executor})")
     print(format_sweep_table(rows))
+    print(collective_footnote(config, sizes))
     if args.csv:
         print(f"wrote {write_sweep_csv(rows, args.csv)}")
     if args.png:

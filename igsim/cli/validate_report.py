@@ -27,7 +27,7 @@ __all__ = ["add_arguments", "format_report", "main", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("measurements", help="measurement JSON written by `igrt validate`")
+    p.add_argument("measurements", help="measurement JSON written by igrt validate")
     p.add_argument("--out", default=None, help="directory for calibration.json and report.json")
     p.add_argument(
         "--small-max-bytes", type=int, default=16 * 1024, help="alpha is fitted on cases up to this size"

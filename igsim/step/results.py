@@ -22,7 +22,7 @@ import numpy as np
 from igpolicy.units import format_bytes, format_time
 from igpolicy.vocab import StepMetrics
 
-__all__ = ["SPAN_KINDS", "SimResult"]
+__all__ = ["SPAN_KINDS", "SimResult", "collective_label"]
 
 # span kind codes in ``SimResult.spans["kind"]``
 SPAN_KINDS = ("metadata", "sparse_gather", "dense_allreduce")
@@ -98,7 +98,9 @@ class SimResult:
         Keys: policy, world_size, num_steps, step_s_mean / _median / _p95 (seconds), compute_s_mean,
         comm_s_mean, exposed_comm_s_mean (means over rows), bytes/step by kind
         (values_bytes, indices_bytes, dense_bytes, metadata_bytes, wire_bytes, low_bytes: means over
-        rows), peak_wire_bytes (largest step), num_collectives_mean, bucket_imbalance_mean.
+        rows), peak_wire_bytes (largest step), num_collectives_mean, bucket_imbalance_mean;
+        sparse_gathers and dense_allreduces (payload collectives of the whole run, by kind) and
+        collective (their :func:`collective_label`).
         """
         step_s = np.asarray(self.steps["step_s"], dtype=np.float64)
         out: dict[str, Any] = {
@@ -124,6 +126,10 @@ class SimResult:
         out["peak_wire_bytes"] = int(wire.max()) if len(wire) else 0
         out["num_collectives_mean"] = _stat(self.columns["num_collectives"].astype(np.float64), np.mean)
         out["bucket_imbalance_mean"] = _stat(self.columns["bucket_imbalance"], np.mean)
+        kinds = np.asarray(self.spans.get("kind", ()), dtype=np.int64)
+        out["sparse_gathers"] = int(np.count_nonzero(kinds == SPAN_KINDS.index("sparse_gather")))
+        out["dense_allreduces"] = int(np.count_nonzero(kinds == SPAN_KINDS.index("dense_allreduce")))
+        out["collective"] = collective_label(out["sparse_gathers"], out["dense_allreduces"])
         return out
 
     def format_summary(self) -> str:
@@ -141,6 +147,8 @@ class SimResult:
             f"metadata {format_bytes(s['metadata_bytes'])}; low released {format_bytes(s['low_bytes'])})",
             f"  peak bytes/step {format_bytes(s['peak_wire_bytes'])}",
             f"  collectives     {s['num_collectives_mean']:.1f}/step  imbalance {s['bucket_imbalance_mean']:.3f}",
+            f"  collective      {s['collective']}  ({s['sparse_gathers']} sparse gathers, "
+            f"{s['dense_allreduces']} dense all-reduces in the run)",
         ]
         return "\n".join(lines)
 
@@ -236,6 +244,18 @@ class SimResult:
             )
         path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}) + "\n")
         return path
+
+
+def collective_label(num_sparse: int, num_dense: int) -> str:
+    """How a run's payload collectives were aggregated: "sparse gather", "dense all-reduce",
+    "mixed D/N dense" (D of N went dense) or "none".
+
+    >>> collective_label(52, 12)
+    'mixed 12/64 dense'
+    """
+    if num_sparse and num_dense:
+        return f"mixed {num_dense}/{num_sparse + num_dense} dense"
+    return "sparse gather" if num_sparse else ("dense all-reduce" if num_dense else "none")
 
 
 def _stat(arr: np.ndarray, fn: Any) -> float:

@@ -54,6 +54,9 @@ CSV_COLUMNS = (
     "indices_bytes",
     "metadata_bytes",
     "speedup_vs_dense",
+    "sparse_gathers",
+    "dense_allreduces",
+    "collective",
 )
 
 
@@ -246,10 +249,11 @@ def _bar(total: int, show: bool) -> Any:
 
 
 def format_sweep_table(rows: Sequence[dict[str, Any]]) -> str:
-    """Aligned text table: one line per point."""
+    """Aligned text table: one line per point; ``collective`` says how the point's buckets were
+    aggregated (:func:`igsim.step.results.collective_label`)."""
     head = (
         f"{'ranks':>6s} {'bandwidth':>12s} {'policy':>10s} {'step':>10s} {'exposed':>10s} "
-        f"{'bytes/step':>11s} {'peak':>11s} {'vs dense':>8s}"
+        f"{'bytes/step':>11s} {'peak':>11s} {'vs dense':>8s}  collective"
     )
     lines = [head]
     for r in rows:
@@ -259,6 +263,7 @@ def format_sweep_table(rows: Sequence[dict[str, Any]]) -> str:
             f"{format_time(r['step_s_mean']):>10s} {format_time(r['exposed_comm_s_mean']):>10s} "
             f"{format_bytes(r['wire_bytes']):>11s} {format_bytes(r['peak_wire_bytes']):>11s} "
             + (f"{sp:>7.2f}x" if sp == sp else f"{'-':>8s}")
+            + f"  {r.get('collective', '-')}"
         )
     return "\n".join(lines)
 

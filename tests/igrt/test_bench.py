@@ -88,7 +88,7 @@ def test_statistics_and_table_from_rows():
 @pytest.mark.slow
 def test_bench_runs_pytorch_peers_and_our_policies_in_one_table(capsys):
     methods = "ddp,allreduce,fp16,powersgd1,topk,importance"
-    argv = ["bench", "--tiny", "--steps", "4", "--warmup", "2", "--nproc", "2", "--policies", methods,
+    argv = ["bench", "--tiny", "--steps", "4", "--warmup", "2", "--ranks", "2", "--policies", methods,
             "--record-steps", "3"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out

@@ -105,7 +105,7 @@ def test_igrt_train_own_model_on_two_gloo_ranks(files, tmp_path: Path, capfd, ta
     out = tmp_path / "run"
     model = files["gpt" if task == "causal" else "bert"]
     argv = ["train", "--model", str(model), "--data", str(files["data"]), "--policy", "topk", "--density", "0.2",
-            "--steps", "4", "--batch-size", "4", "--nproc", "2", "--backend", "gloo", "--seq-len", "12",
+            "--steps", "4", "--batch-size", "4", "--ranks", "2", "--backend", "gloo", "--seq-len", "12",
             "--lr", "1e-3", "--schedule", "cosine", "--warmup-steps", "1", "--log", "csv", "--log", "jsonl",
             "--out", str(out), "--no-progress"]  # fmt: skip
     if task == "classify":
@@ -130,7 +130,7 @@ def test_igrt_train_own_model_on_two_gloo_ranks(files, tmp_path: Path, capfd, ta
 @pytest.mark.slow
 def test_quiet_says_nothing_but_the_result(files, tmp_path: Path, capfd) -> None:
     argv = ["train", "--model", str(files["gpt"]), "--data", str(files["data"]), "--policy", "dense",
-            "--steps", "2", "--batch-size", "2", "--nproc", "1", "--backend", "gloo", "--seq-len", "8",
+            "--steps", "2", "--batch-size", "2", "--ranks", "1", "--backend", "gloo", "--seq-len", "8",
             "--out", str(tmp_path / "q"), "--quiet"]  # fmt: skip
     assert main(argv) == 0
     assert "igrt train" not in capfd.readouterr().err
@@ -143,7 +143,7 @@ def test_tensorboard_log_end_to_end(files, tmp_path: Path) -> None:
 
     out = tmp_path / "tb"
     argv = ["train", "--model", str(files["gpt"]), "--data", str(files["data"]), "--policy", "dense",
-            "--steps", "3", "--batch-size", "2", "--nproc", "1", "--backend", "gloo", "--seq-len", "8",
+            "--steps", "3", "--batch-size", "2", "--ranks", "1", "--backend", "gloo", "--seq-len", "8",
             "--out", str(out), "--log", "tensorboard", "--quiet"]  # fmt: skip
     assert main(argv) == 0
     (event_file,) = (out / "tensorboard").glob("events.out.tfevents.*")

@@ -230,7 +230,7 @@ def test_igrt_record_tiny_two_ranks(tmp_path, workload, capsys):
     from igrt.cli import main
 
     out = tmp_path / workload
-    argv = ["record", "--workload", workload, "--tiny", "--nproc", "2", "--steps", "3", "-o", str(out)]
+    argv = ["record", "--workload", workload, "--tiny", "--ranks", "2", "--steps", "3", "-o", str(out)]
     argv += ["--batch-size", "4", "--no-progress", "--density", "0.05"]
     if workload == "gpt":
         argv += ["--no-eval", "--sparsifier", "adtopk"]

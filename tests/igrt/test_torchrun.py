@@ -2,7 +2,7 @@
 
 The documented command (``snippet: torchrun``) runs as written, with ``torchrun`` spelled
 ``python -m torch.distributed.run`` (a subprocess with a timeout). The same recording through
-``--nproc 2`` (our spawner) must give the same trace: same ranks, steps, parameters, k, selected
+``--ranks 2`` (our spawner) must give the same trace: same ranks, steps, parameters, k, selected
 norms and losses — the launcher changes nothing but who starts the processes.
 """
 
@@ -60,12 +60,12 @@ def test_igrt_record_tiny_under_torchrun_matches_the_spawner(tmp_path):
     out = Path(argv[argv.index("-o") + 1])
     _run([sys.executable, "-m", "torch.distributed.run", *argv[1:]], tmp_path)
 
-    # our spawner: the same igrt arguments, run by `python -m igrt ... --nproc 2`
+    # our spawner: the same igrt arguments, run by `python -m igrt ... --ranks 2`
     igrt_args = argv[argv.index("-m") + 2 :]
     nproc = argv[argv.index("--nproc-per-node") + 1]
     spawned = "trace-spawned"
     igrt_args[igrt_args.index("-o") + 1] = spawned
-    _run([sys.executable, "-m", "igrt", *igrt_args, "--nproc", nproc, "--no-progress"], tmp_path)
+    _run([sys.executable, "-m", "igrt", *igrt_args, "--ranks", nproc, "--no-progress"], tmp_path)
 
     a, b = read_trace(tmp_path / out), read_trace(tmp_path / spawned)
     assert a.manifest.world_size == b.manifest.world_size == 2

@@ -65,7 +65,7 @@ def _argv(policy: str, plan: Path, out: Path, *extra: str, steps: int = STEPS) -
         policy,
         "--plan",
         str(plan),
-        "--nproc",
+        "--ranks",
         "2",
         "--backend",
         "gloo",
@@ -94,7 +94,7 @@ def _run(policy: str, integration: str, plan: Path, tmp_path_factory) -> Path:
         )  # evaluation is slow
         extra = ["--integration", integration, *evals]
         if integration == "ddp-hook":
-            extra += ["--grad-accum", "2"]
+            extra += ["--grad-accum-steps", "2"]
         assert main(_argv(policy, plan, out, *extra)) == 0
         _RUNS[key] = out
     return _RUNS[key]

@@ -62,7 +62,7 @@ def test_validate_quick_on_three_ranks(tmp_path):
         "validate",
         "--ranks",
         "3",
-        "--rate",
+        "--bandwidth",
         "100Mbit",
         "--quick",
         "--out",
