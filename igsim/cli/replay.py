@@ -30,6 +30,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", default="auto", choices=("auto", "flow", "analytic"), help="collective costing")
     p.add_argument("--out", type=Path, default=None, help="where replay.csv / replay.json go (default RUN_DIR/replay)")
     p.add_argument("--rows", type=int, default=12, help="steps to print (default 12; all are in replay.csv)")
+    p.add_argument(
+        "--complete-prefix",
+        action="store_true",
+        help="replay an incomplete trace (a recording that stopped mid-way) up to its first incomplete step",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,7 +57,12 @@ def run(args: argparse.Namespace) -> int:
     calibration = load_calibration(args.calibration)
     out = args.out if args.out is not None else Path(args.run_dir) / "replay"
     claim_output_dir(out, overwrite=args.overwrite, flag="--out")  # before the work; locked until the end
-    rep = replay_run(args.run_dir, topology=topology, calibration=calibration, mode=args.mode)
+    rep = replay_run(
+        args.run_dir, topology=topology, calibration=calibration, mode=args.mode, complete_prefix=args.complete_prefix
+    )
+    if rep.summary.get("truncated_at") is not None:
+        print(f"note: the trace is incomplete; replaying its complete prefix, the {rep.summary['steps']} steps "
+              f"before step {rep.summary['truncated_at']}")  # fmt: skip
     paths = rep.write(out)
     print(format_replay(rep, max_rows=args.rows))
     print(collective_footnote(inputs.config, [inputs.world_size]))

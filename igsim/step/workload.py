@@ -131,6 +131,7 @@ class Workload:
         window: tuple[int, int] | None = None,
         name: str | None = None,
         per_rank_k: bool = False,
+        complete_prefix: bool = False,
     ) -> Workload:
         """Read a recorded trace: means over ranks of ``ready_s``, ``k`` and the phase times.
 
@@ -142,6 +143,9 @@ class Workload:
         ``window=(a, b)`` keeps recorded steps a <= step < b. Steps where a parameter has no row
         (NaN mean) take that parameter's mean over the other steps; parameters with no row at all
         (never had a gradient) are left out and listed in ``source["params_without_rows"]``.
+        An incomplete trace (a recording that stopped mid-way) is refused unless ``complete_prefix``:
+        then the steps before its first incomplete one are read (``source["truncated_at"]`` is that
+        step; None for a complete trace), as ``traces.reader.read_trace(complete_prefix=True)``.
         Raises ValueError (the reader's TraceError) for a missing or malformed trace.
         """
         from traces.reader import read_trace  # imported here so igsim starts fast
@@ -149,7 +153,10 @@ class Workload:
 
         if window is not None and (len(window) != 2 or window[0] >= window[1]):
             raise ValueError(f"{directory}: window must be (start, stop) with start < stop, got {window!r}")
-        trace = read_trace(directory, steps=None if window is None else (int(window[0]), int(window[1])))
+        steps = None if window is None else (int(window[0]), int(window[1]))
+        trace = read_trace(directory, steps=steps, complete_prefix=complete_prefix)
+        if trace.num_steps == 0 and trace.truncated_at is not None:
+            raise ValueError(f"{directory}: no step is complete on every rank ({trace.incomplete})")
         if trace.num_steps == 0:
             raise ValueError(
                 f"{directory}: the trace holds no steps" + (f" in window {window}" if window else "")
@@ -185,6 +192,7 @@ class Workload:
                 "recorded_steps": [int(trace.step_ids[0]), int(trace.step_ids[-1])],
                 "window": list(window) if window else None,
                 "params_without_rows": dropped,
+                "truncated_at": trace.truncated_at,
             },
         )
 

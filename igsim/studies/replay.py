@@ -7,11 +7,16 @@ runtime executed (``ops.csv``) — simulates the same steps with :func:`igsim.st
 compares, per step, every :class:`~igpolicy.vocab.StepMetrics` field of :data:`FIELDS`, and the
 issued collective operations (kind, bucket, encoded bytes). Bytes and collective counts must agree
 exactly (both sides execute :mod:`igpolicy.step_plan`'s plan); times are the model's prediction.
+
+A trace that stopped mid-way (a rank killed while it recorded: its last steps never committed) is
+refused, as by ``igsim simulate``; ``complete_prefix=True`` (``igsim replay --complete-prefix``)
+replays the steps before its first incomplete one and compares those steps only.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import statistics
@@ -58,6 +63,9 @@ def load_run(run_dir: str | Path) -> RunInputs:
     root = Path(run_dir)
     path = root / "summary.json"
     if not path.is_file():
+        if (root / "trace").is_dir() or (root / "checkpoint").is_dir():
+            raise _fail(root, "the run did not finish (no summary.json: killed?); resume it with igrt train "
+                        "--resume to its end, then replay it")  # fmt: skip
         raise _fail(root, "not an igrt train output folder (no summary.json)")
     try:
         summary = json.loads(path.read_text())
@@ -92,11 +100,12 @@ def load_run(run_dir: str | Path) -> RunInputs:
     )
 
 
-def run_workload(inputs: RunInputs):
-    """The run's own workload: its compute and readiness (means over ranks), and per-rank sent k."""
+def run_workload(inputs: RunInputs, *, complete_prefix: bool = False):
+    """The run's own workload: its compute and readiness (means over ranks), and per-rank sent k
+    (``complete_prefix``: of the steps before the trace's first incomplete one)."""
     from igsim.step.workload import Workload
 
-    w = Workload.from_trace(inputs.directory / "trace", per_rank_k=True)
+    w = Workload.from_trace(inputs.directory / "trace", per_rank_k=True, complete_prefix=complete_prefix)
     if w.k_by_rank.shape[1] != inputs.world_size:
         got = w.k_by_rank.shape[1]
         raise _fail(inputs.directory / "trace", f"{got} ranks recorded, the run had {inputs.world_size}")
@@ -144,15 +153,27 @@ class Replay:
         )
 
 
-def replay_run(run_dir: str | Path, *, topology=None, calibration=None, mode: str = "auto") -> Replay:
+def replay_run(
+    run_dir: str | Path, *, topology=None, calibration=None, mode: str = "auto", complete_prefix: bool = False
+) -> Replay:
     """Replay ``run_dir`` (see the module doc). ``topology`` defaults to a star of the run's world
-    size at 10 Gbit/s and 25 µs per link."""
+    size at 10 Gbit/s and 25 µs per link. ``complete_prefix``: an incomplete trace replays (and
+    compares) its complete prefix; ``summary["truncated_at"]`` is its first incomplete step."""
     from igsim.net.topology import star
     from igsim.step.engine import simulate
 
     inputs = load_run(run_dir)
-    workload = run_workload(inputs)
+    workload = run_workload(inputs, complete_prefix=complete_prefix)
     steps = sorted({int(r["step"]) for r in inputs.measured})
+    truncated_at = workload.source.get("truncated_at")
+    if truncated_at is not None:  # the measured steps the trace's complete prefix holds
+        n = workload.num_recorded_steps
+        steps = [s for s in steps if s < n]
+        inputs = dataclasses.replace(
+            inputs,
+            measured=[r for r in inputs.measured if int(float(r["step"])) < n],
+            ops=[r for r in inputs.ops if int(float(r["step"])) < n],
+        )
     if steps != list(range(len(steps))) or len(steps) != workload.num_recorded_steps:
         raise _fail(inputs.directory, f"metrics.csv steps {steps[:3]}.. do not match the trace's {workload.num_recorded_steps}")
     nominal_topology = topology is None and calibration is None
@@ -169,6 +190,9 @@ def replay_run(run_dir: str | Path, *, topology=None, calibration=None, mode: st
     )  # fmt: skip
     predicted = [r.to_row() for r in result.rows]
     rep = _compare(inputs, predicted, result, steps)
+    rep.summary["truncated_at"] = truncated_at
+    if truncated_at is not None:
+        rep.summary["note"] += f"; the trace is incomplete: replayed its complete prefix, steps 0..{len(steps) - 1}"
     if nominal_topology:
         rep.summary["note"] += (
             "; the topology is a nominal 10 Gbit/s star, not the machine the run used: pass a fitted "

@@ -16,8 +16,10 @@ refuses the trace naming rank 1's params part, ``igsim profile`` refuses it (exi
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +28,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -118,3 +121,55 @@ def test_kill_9_of_igrt_record_keeps_every_committed_step(tmp_path, capsys) -> N
     assert "profiled its complete prefix" in capsys.readouterr().out
     source = json.loads(plan_path.read_text())["source"]
     assert source["num_steps"] == n - lost and source["truncated_at"] == n - lost
+
+
+# ----------------------------------------------------------------------------- igsim replay --complete-prefix
+RUN_STEPS = 8
+KEPT = 5  # steps rank 1's trace keeps: as if it was killed before committing steps 5..7
+
+
+def _keep_steps_below(part: Path, stop: int) -> None:
+    table = pq.read_table(part)
+    table = table.filter(pc.less(table["step"], stop))
+    pq.write_table(table, part)
+
+
+def test_igsim_replay_complete_prefix_of_a_truncated_run_trace(tmp_path, capsys) -> None:
+    """A finished ``igrt train --record-trace`` run whose rank 1 trace stops after step 4: ``igsim
+    replay`` refuses it in one line; ``--complete-prefix`` replays steps 0..4, bytes and ops exact,
+    with the same rows as the replay of the whole trace. A run killed before its end (no
+    summary.json) is one line saying so."""
+    run = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "igrt", "train", "--workload", "gpt", "--tiny", "--policy", "topk",
+        "--density", "0.1", "--steps", str(RUN_STEPS), "--record-trace", "--nproc", "2", "--backend", "gloo",
+        "--no-eval", "--quiet", "--out", str(run),
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=START_LIMIT_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert igsim_main(["replay", str(run), "--out", str(tmp_path / "whole")]) == 0
+    whole = list(csv.DictReader((tmp_path / "whole" / "replay.csv").open()))
+    assert len(whole) == RUN_STEPS
+    capsys.readouterr()
+
+    for part in [*(run / "trace").glob("params-r001-*.parquet"), *(run / "trace").glob("steps-r001-*.parquet")]:
+        _keep_steps_below(part, KEPT)
+    assert igsim_main(["replay", str(run), "--out", str(tmp_path / "refused")]) == 2
+    err = capsys.readouterr().err
+    assert "incomplete trace" in err and "--complete-prefix" in err and err.count("\n") == 1, err
+
+    assert igsim_main(["replay", str(run), "--out", str(tmp_path / "prefix"), "--complete-prefix"]) == 0
+    assert f"replaying its complete prefix, the {KEPT} steps before step {KEPT}" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "prefix" / "replay.json").read_text())
+    assert summary["steps"] == KEPT and summary["truncated_at"] == KEPT
+    assert summary["bytes_exact"] and summary["ops_exact"]
+    prefix = list(csv.DictReader((tmp_path / "prefix" / "replay.csv").open()))
+    fields = [f for f in prefix[0] if f.endswith(("_bytes", "_collectives")) or f == "step"]
+    assert [{f: r[f] for f in fields} for r in prefix] == [{f: r[f] for f in fields} for r in whole[:KEPT]]
+
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    shutil.copytree(run / "trace", killed / "trace")
+    assert igsim_main(["replay", str(killed), "--complete-prefix"]) == 2
+    err = capsys.readouterr().err
+    assert "did not finish" in err and err.count("\n") == 1, err
