@@ -644,6 +644,9 @@ def _write_outputs(out: Path, *, options: TrainOptions, outcome: RankOutcome, mo
         "summary_format": RUN_SUMMARY_FORMAT,
         "ddp": outcome.ddp,
         "record_trace": bool(options.record_trace),
+        # the machine while the run ended (1-, 5-, 15-minute load): a replay is only trusted where
+        # the ranks had the CPU to themselves (igsim.studies.step_validation.range_flags)
+        "machine": {"cpu_count": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()]},
     }
     if plan is not None:
         _write_atomically(out / "plan.json", plan.save)

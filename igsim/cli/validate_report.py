@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         from igsim.studies import step_validation as sv
 
         runs = sv.simulate_runs(args.steps_dir, topology=topo, calibration=fit.calibration(topo))
-        report["steps"] = sv.compare_steps(runs, skip_steps=args.skip_steps)
+        report["steps"] = sv.compare_steps(runs, skip_steps=args.skip_steps, flags=sv.run_flags(args.steps_dir))
         steps_text = "\n\ntraining steps (comm_s per step, mean over steps):\n" + sv.format_steps(
             report["steps"]
         )

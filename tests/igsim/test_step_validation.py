@@ -48,3 +48,34 @@ def test_read_metrics_rejects_other_files(tmp_path):
     assert sv.read_metrics(f) == [{"step": 0.0, "rank": 0.0, "comm_s": 0.5}]
     with pytest.raises(ValueError, match="no such"):
         sv.read_metrics(tmp_path / "none.csv")
+
+
+def test_range_flags_name_what_the_model_does_not_cover():
+    base = {"world_size": 4, "backend": "gloo", "machine": {"cpu_count": 8, "load_average": [3.0, 2.0, 1.0]}}
+    assert sv.range_flags(base) == []
+    assert "2 ranks on gloo" in " ".join(sv.range_flags({**base, "world_size": 2}))
+    assert sv.range_flags({**base, "world_size": 2, "backend": "nccl"}) == []
+    assert "16 ranks on 8 cores" in " ".join(sv.range_flags({**base, "world_size": 16}))
+    busy = {**base, "machine": {"cpu_count": 2, "load_average": [4.5, 4.0, 3.0]}}
+    assert any(f.startswith("CPU busy: load 4.5 on 2 cores") for f in sv.range_flags(busy))
+    assert sv.range_flags({"world_size": 4, "backend": "gloo"}) == []  # older summaries: nothing to judge
+
+
+def test_flagged_runs_are_shown_but_left_out_of_the_means():
+    # dense is within range (+10 %); topk is flagged and far off (+100 %): the mean is dense's alone
+    real_dense = _rows([[9.0, 9.0], [0.5, 0.5], [0.5, 0.5]], step_s=10.0)
+    sim_dense = _rows([[0.55], [0.55], [0.55]], step_s=11.0)
+    real_topk = _rows([[9.0, 9.0], [0.1, 0.1], [0.1, 0.1]], step_s=2.0)
+    sim_topk = _rows([[0.2], [0.2], [0.2]], step_s=4.0)
+    runs = {"dense": (real_dense, sim_dense), "topk": (real_topk, sim_topk)}
+    rep = sv.compare_steps(runs, skip_steps=1, flags={"topk": ["2 ranks on gloo (...)"]})
+    assert rep["runs_in_range"] == 1
+    assert rep["mean_abs_error_vs_min"] == pytest.approx(0.1)
+    assert rep["policies"]["dense"]["step_error"] == pytest.approx(1.0 / 11.5)  # steps 1, 2: 11, 12 ms measured, 12, 13 predicted
+    assert rep["mean_abs_step_error"] == pytest.approx(rep["policies"]["dense"]["step_error"])
+    text = sv.format_steps(rep)
+    assert "topk: outside the validated range: 2 ranks on gloo" in text
+    assert "slowest rank" in text
+    everything = sv.compare_steps(runs, skip_steps=1, flags={p: ["x"] for p in runs})
+    assert everything["runs_in_range"] == 0 and "none is inside" in everything["means_over"]
+    assert everything["mean_abs_error_vs_min"] == pytest.approx((0.1 + 1.0) / 2)
