@@ -196,7 +196,7 @@ def _variants(study: Study, wl: str, trace: Path, plan, plan_path: Path) -> list
 def common_rate(a: argparse.Namespace, trace: Path, plan) -> float:
     from igpolicy.units import parse_bandwidth
 
-    return parse_bandwidth(a.rate) if a.rate else auto_rate(trace, plan, a.nproc)
+    return parse_bandwidth(a.rate, flag="--rate") if a.rate else auto_rate(trace, plan, a.nproc)
 
 
 def _testbed(study: Study, wl: str, plan_path: Path, rate: float) -> dict[tuple[str, str], dict[str, Any]]:

@@ -80,7 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--collective",
         choices=("auto", "sparse", "dense"),
         default=None,
-        help="per bucket: sparse gather, dense all-reduce, or auto (the cheaper on nominal sizes)",
+        help="per bucket: sparse = an all-gather of (index, value) pairs, dense = a ring all-reduce, auto "
+        "(default) = the one that moves fewer bytes on nominal sizes: sparse while the bucket's density is at "
+        "most 2 x value bytes / (ranks x (index + value bytes)), 1/ranks with 4-byte indices and values",
     )
     p.add_argument("--sparsifier", choices=SPARSIFIERS, default=None, help="entry selection (default topk)")
     p.add_argument(
