@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 import zlib
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,13 +86,22 @@ class Topology:
         Checks: node kinds, unique ranks that are ``rank`` nodes, positive finite bandwidths,
         non-negative finite latencies and route costs, string link classes, every rank reachable
         from rank 0, groups that partition the ranks. Returns ``self`` so builders can chain.
+        Bounded: at most ``igpolicy.limits.MAX_TOPOLOGY_NODES`` nodes, ``MAX_TOPOLOGY_LINKS`` links
+        and ``MAX_RANKS`` ranks, checked before anything else; the checks take O(nodes + links).
         """
         g = self.graph
         if not self.ranks:
             raise ValueError(f"{where}: no ranks")
-        if len(set(self.ranks)) != len(self.ranks):
-            dup = sorted({r for r in self.ranks if self.ranks.count(r) > 1})
-            raise ValueError(f"{where}: duplicate ranks {dup}")
+        # bounded first (O(1)), then every check one pass over the ranks, nodes or links: O(N + E)
+        check_count(len(self.ranks), what=f"{where}: num_ranks", limit="MAX_RANKS")
+        _check_size(where, num_nodes=g.number_of_nodes(), num_links=g.number_of_edges())
+        rank_set = set(self.ranks)
+        if len(rank_set) != len(self.ranks):
+            dup = sorted(r for r, c in Counter(self.ranks).items() if c > 1)
+            raise ValueError(
+                f"{where}: duplicate ranks {dup[:10]}"
+                + (f" and {len(dup) - 10} more" if len(dup) > 10 else "")
+            )
         for node, data in g.nodes(data=True):
             if data.get("kind") not in NODE_KINDS:
                 raise ValueError(
@@ -102,15 +112,19 @@ class Topology:
                 raise ValueError(f"{where}: rank {r!r} is not a node of the graph")
             if g.nodes[r]["kind"] != "rank":
                 raise ValueError(f"{where}: rank {r!r} is a {g.nodes[r]['kind']!r} node, not a 'rank'")
-        extra = sorted(n for n, d in g.nodes(data=True) if d["kind"] == "rank" and n not in set(self.ranks))
+        extra = sorted(n for n, d in g.nodes(data=True) if d["kind"] == "rank" and n not in rank_set)
         if extra:
-            raise ValueError(f"{where}: rank nodes {extra} are missing from the rank order")
+            raise ValueError(
+                f"{where}: rank nodes {extra[:10]} are missing from the rank order"
+                + (f" ({len(extra)} in all)" if len(extra) > 10 else "")
+            )
         for u, v, data in g.edges(data=True):
             check_link(data, where=f"{where}: link {u}-{v}")
         reach = nx.node_connected_component(g, self.ranks[0])
         lost = [r for r in self.ranks if r not in reach]
         if lost:
-            raise ValueError(f"{where}: rank(s) {lost} unreachable from rank {self.ranks[0]!r}")
+            more = f" and {len(lost) - 10} more" if len(lost) > 10 else ""
+            raise ValueError(f"{where}: rank(s) {lost[:10]}{more} unreachable from rank {self.ranks[0]!r}")
         if self.groups:
             flat = [r for grp in self.groups for r in grp]
             if sorted(flat) != sorted(self.ranks) or len(set(map(len, self.groups))) != 1:

@@ -259,3 +259,47 @@ def test_a_huge_score_is_refused_by_the_plan_naming_the_limit(score) -> None:
         SyncPlan(release_period=2, components=(ComponentPlan(key="0.attn_q", score=score, cls=ComponentClass.IMPORTANT),))
     ok = ComponentPlan(key="0.attn_q", score=limits.MAX_SCORE, cls=ComponentClass.IMPORTANT)
     assert SyncPlan(release_period=2, components=(ok,)).components[0].score == limits.MAX_SCORE
+
+
+# ----------------------------------------------------------------------------- Topology.validate at scale
+def _star_graph(num_ranks: int):
+    import networkx as nx
+
+    g = nx.Graph()
+    g.add_node("sw", kind="switch")
+    link = {"bandwidth_bytes_per_s": 1e9, "latency_s": 1e-6, "link_class": "nic"}
+    for i in range(num_ranks):
+        g.add_node(f"r{i}", kind="rank")
+        g.add_edge(f"r{i}", "sw", **link)
+    return g
+
+
+def test_validate_refuses_a_65536_rank_topology_object_in_one_line() -> None:
+    """Not only the builders and files: a Topology built by hand is bounded by validate itself,
+    before any per-rank check (the old checks were quadratic in the ranks)."""
+    from igsim.net.topology import Topology
+
+    g = _star_graph(65_536)
+    topo = Topology(graph=g, ranks=tuple(f"r{i}" for i in range(65_536)))
+    with pytest.raises(ValueError) as info:
+        topo.validate(where="big.json")
+    message = str(info.value)
+    assert message.startswith("big.json: num_ranks 65536") and "igpolicy.limits.MAX_RANKS" in message
+    assert "\n" not in message
+
+
+def test_validate_of_the_largest_allowed_topology_and_its_errors() -> None:
+    """MAX_RANKS ranks validate (linear checks: docs/reliability.md has the timings); errors on a
+    list that large name at most 10 offenders on one line."""
+    from igsim.net.topology import Topology
+
+    n = limits.MAX_RANKS
+    g = _star_graph(n)
+    ranks = tuple(f"r{i}" for i in range(n))
+    topo = Topology(graph=g, ranks=ranks)
+    assert topo.validate() is topo
+    doubled = ranks[:-20] + ranks[:20]  # 20 duplicates, and r16364.. left out of the order
+    with pytest.raises(ValueError, match=r"duplicate ranks \['r0', .*\] and 10 more$"):
+        Topology(graph=g, ranks=doubled).validate()
+    with pytest.raises(ValueError, match=r"rank nodes \[.*\] are missing from the rank order \(20 in all\)$"):
+        Topology(graph=g, ranks=ranks[:-20]).validate()
