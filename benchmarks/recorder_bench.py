@@ -59,7 +59,7 @@ def bench(name: str, *, tiny: bool, steps: int, batch_size: int, density: float,
         recorded = _steps(workload, model, optimizer, batches, steps, rec)
         rec.close()
         record_s = statistics.median(rec.record_s)
-        disk_bytes = sum(p.stat().st_size for p in Path(tmp).glob("*.parquet"))
+        disk_bytes = sum(p.stat().st_size for p in Path(tmp).rglob("*.parquet"))
     plain += _steps(workload, model, optimizer, batches, steps, None)
     without, with_ = statistics.median(plain), statistics.median(recorded)
     return {

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from igpolicy.vocab import ParamInfo
 from traces.reader import read_trace
-from traces.schema import Manifest
+from traces.schema import Manifest, part_files
 from traces.writer import TraceWriter, write_manifest
 
 
@@ -97,7 +97,7 @@ def write_bench_trace(
 def time_reads(directory: Path, *, repeats: int) -> tuple[dict[str, list[tuple[float, float]]], int]:
     """``repeats`` pairs of reads, alternating which goes first: {"ours" | "pyarrow": [(wall s,
     process CPU s)]}; and the rows read_trace returned."""
-    parts = sorted(directory.glob("*.parquet"))
+    parts = part_files(directory)
     times: dict[str, list[tuple[float, float]]] = {"ours": [], "pyarrow": []}
     rows = 0
     for i in range(repeats):
@@ -140,7 +140,7 @@ def main() -> None:
             )
         else:  # --dir of an earlier --keep run: read it again
             rows, write_s = len(read_trace(directory).params["step"]), float("nan")
-        parts = sorted(directory.glob("*.parquet"))
+        parts = part_files(directory)
         disk_mb = sum(p.stat().st_size for p in parts) / 1e6
         times, read_rows = time_reads(directory, repeats=args.repeats)
         assert read_rows == rows, (read_rows, rows)

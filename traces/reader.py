@@ -1,6 +1,7 @@
 """Reading and validating traces into numpy columns.
 
-:func:`read_trace` checks the manifest, then every part file (a regular file, never a link; name,
+:func:`read_trace` checks the manifest, then every part file (in ``parts/<table>/``, or beside the
+manifest in traces written before that layout; a regular file, never a link; name,
 Parquet footer, columns and their types, ranks, parameter names) and every row (plausible values,
 see :mod:`traces.validate`), loads the rows into one numpy array per column, and checks the rows
 across parts: no row twice, every step complete on every rank and table. Part footers are read
@@ -34,6 +35,7 @@ from traces import validate
 from traces.parts import load_table, worker_pool
 from traces.schema import (
     MANIFEST_NAME,
+    PARTS_DIR,
     TABLE_SCHEMAS,
     TABLES,
     Manifest,
@@ -327,8 +329,10 @@ def read_trace(
 def _scan(directory: Path, manifest: Manifest, skipped: list, bad) -> tuple[list, list]:
     """The part files to read, sorted, and the parts named by leftover ``.tmp`` files.
 
-    Only regular files are ever opened: a link (which would read a part twice) or a FIFO, socket
-    or device named like a part is ``bad``; anything else that is not a part is listed in ``skipped``.
+    Parts are read from ``parts/<table>/`` and, for traces written before that layout, from the
+    directory itself. Only regular files and real folders are ever opened: a link (which would read
+    a part twice) or a FIFO, socket or device named like a part is ``bad``, and so is a link in
+    place of a folder; anything else that is not a part is listed in ``skipped``.
     """
     found: list[tuple[PartName, Path]] = []
     unfinished: list[PartName] = []
@@ -336,31 +340,80 @@ def _scan(directory: Path, manifest: Manifest, skipped: list, bad) -> tuple[list
         path = directory / name
         if name == MANIFEST_NAME:
             continue
-        if name.endswith(".tmp"):
-            skipped.append((path, "leftover temporary file (a writer stopped before finishing it); ignored"))
-            tmp_part = parse_part_name(name[1:-4] if name.startswith(".") else name[:-4])
-            if tmp_part is not None:
-                unfinished.append(tmp_part)
-        elif name.endswith(".parquet"):
-            part = parse_part_name(name)
-            try:
-                kind = _not_a_regular_file(os.lstat(path))
-            except OSError as e:
-                kind = f"cannot be read ({e})"
-            if kind:
-                bad(path, kind)
-            elif part is None:
-                bad(path, "file name does not follow '{table}-r{rank:03d}-{seq:06d}.parquet'")
-            elif part.table not in TABLE_SCHEMAS:
-                bad(path, f"unknown table prefix {part.table!r} (tables: {', '.join(TABLES)})")
-            elif part.rank >= manifest.world_size:
-                bad(path, f"rank {part.rank} is outside the manifest's world_size={manifest.world_size}")
-            else:
-                found.append((part, path))
-        else:
-            skipped.append((path, "not a trace file; ignored"))
+        if name == PARTS_DIR:
+            for table, folder in _table_folders(path, bad):
+                for entry in sorted(os.listdir(folder)):
+                    _scan_file(folder / entry, table, manifest, found, unfinished, skipped, bad)
+            continue
+        _scan_file(path, None, manifest, found, unfinished, skipped, bad)
     found.sort()
     return found, unfinished
+
+
+def _table_folders(parts: Path, bad) -> list[tuple[str, Path]]:
+    """(table, folder) of every table folder under ``parts/``; anything else there is ``bad``."""
+    kind = _not_a_folder(parts)
+    if kind:
+        bad(parts, kind)
+        return []
+    folders = []
+    for name in sorted(os.listdir(parts)):
+        path = parts / name
+        kind = _not_a_folder(path)
+        if kind:
+            bad(path, kind if name in TABLE_SCHEMAS else f"{kind}; {PARTS_DIR}/ holds one folder per table")
+        elif name not in TABLE_SCHEMAS:
+            bad(path, f"unknown table folder {name!r} (tables: {', '.join(TABLES)})")
+        else:
+            folders.append((name, path))
+    return folders
+
+
+def _scan_file(
+    path: Path, table: str | None, manifest: Manifest, found: list, unfinished: list, skipped: list, bad
+) -> None:
+    """Sort one directory entry into ``found``, ``unfinished``, ``skipped`` or ``bad``.
+
+    ``table``: the table folder it is in (None: the trace directory itself, the old layout).
+    """
+    name = path.name
+    if name.endswith(".tmp"):
+        skipped.append((path, "leftover temporary file (a writer stopped before finishing it); ignored"))
+        tmp_part = parse_part_name(name[1:-4] if name.startswith(".") else name[:-4])
+        if tmp_part is not None:
+            unfinished.append(tmp_part)
+    elif name.endswith(".parquet"):
+        part = parse_part_name(name)
+        try:
+            kind = _not_a_regular_file(os.lstat(path))
+        except OSError as e:
+            kind = f"cannot be read ({e})"
+        if kind:
+            bad(path, kind)
+        elif part is None:
+            bad(path, "file name does not follow '{table}-r{rank:03d}-{seq:06d}.parquet'")
+        elif part.table not in TABLE_SCHEMAS:
+            bad(path, f"unknown table prefix {part.table!r} (tables: {', '.join(TABLES)})")
+        elif table is not None and part.table != table:
+            bad(path, f"a {part.table!r} part in the {table!r} table folder")
+        elif part.rank >= manifest.world_size:
+            bad(path, f"rank {part.rank} is outside the manifest's world_size={manifest.world_size}")
+        else:
+            found.append((part, path))
+    else:
+        skipped.append((path, "not a trace file; ignored"))
+
+
+def _not_a_folder(path: Path) -> str | None:
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        return f"cannot be read ({e})"
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link; trace folders must be real folders (a linked folder could be read twice)"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a folder"
+    return None
 
 
 def _not_a_regular_file(st: os.stat_result) -> str | None:

@@ -2,13 +2,15 @@
 
 A trace is a directory::
 
-    manifest.json                        what was recorded, by whom, from which model (Manifest)
-    params-r000-000001.parquet ...       one row per (step, rank, parameter)
-    steps-r000-000001.parquet ...        one row per (step, rank)
-    unions-r000-000001.parquet ...       one row per (step, parameter), distributed recordings only
+    manifest.json                                  what was recorded, by whom, from which model (Manifest)
+    parts/params/params-r000-000001.parquet ...    one row per (step, rank, parameter)
+    parts/steps/steps-r000-000001.parquet ...      one row per (step, rank)
+    parts/unions/unions-r000-000001.parquet ...    one row per (step, parameter), distributed recordings only
 
-Every part is written under a temporary name (``.params-r000-000001.parquet.tmp``) and renamed into
-place. A writer commits whole steps at a bounded interval, every table at once and the ``steps``
+One folder per table, so that a folder is one Parquet dataset (``pandas.read_parquet(DIR /
+"parts" / "steps")``). Traces written before that layout keep their parts beside ``manifest.json``;
+the reader reads both layouts (:func:`part_files` lists both). Every part is written under a
+temporary name in its folder (``.params-r000-000001.parquet.tmp``) and renamed into place. A writer commits whole steps at a bounded interval, every table at once and the ``steps``
 part last (:mod:`traces.writer`), so a crash loses at most the steps since the last commit; the
 reader reports a trace whose steps are not complete on every rank and table, and reads its complete
 prefix on request (:mod:`traces.validate`). Trace files are regular files (no links). ``step`` is
@@ -62,6 +64,7 @@ from igpolicy.vocab import ComponentId, ParamInfo
 __all__ = [
     "MANIFEST_NAME",
     "NORM_RTOL",
+    "PARTS_DIR",
     "RUN_SUMMARY_FORMAT",
     "RUN_TRACE_K",
     "SCHEMA_VERSION",
@@ -71,10 +74,12 @@ __all__ = [
     "PartName",
     "TraceError",
     "parse_part_name",
+    "part_files",
 ]
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+PARTS_DIR = "parts"  # DIR/parts/<table>/<part file>: one Parquet dataset per table
 # summary.json of an igrt train output folder (2: integration, DDP caps, plan.json, trace/, ops.csv),
 # written by igrt.train.loop and read by igsim.studies.replay
 RUN_SUMMARY_FORMAT = "igrt-train/2"
@@ -143,6 +148,10 @@ class PartName:
         """The name the part is written under before it is renamed into place."""
         return f".{self.file_name}.tmp"
 
+    def path_in(self, directory: str | Path) -> Path:
+        """Where a writer puts this part in the trace ``directory``: ``parts/<table>/<file_name>``."""
+        return Path(directory) / PARTS_DIR / self.table / self.file_name
+
 
 def parse_part_name(file_name: str) -> PartName | None:
     """The PartName of a ``*.parquet`` file name, None when it does not match the pattern.
@@ -153,6 +162,27 @@ def parse_part_name(file_name: str) -> PartName | None:
     if m is None:
         return None
     return PartName(table=m["table"], rank=int(m["rank"]), seq=int(m["seq"]))
+
+
+def part_files(directory: str | Path, *, table: str | None = None, rank: int | None = None) -> list[Path]:
+    """The part files of the trace in ``directory``, in both layouts, sorted by (table, rank, seq).
+
+    ``table`` / ``rank``: only that table's / rank's parts. A listing by name, for tools and tests:
+    nothing is opened or checked (:func:`traces.read_trace` and :func:`traces.open` validate).
+    """
+    directory = Path(directory)
+    folders = [directory] + [directory / PARTS_DIR / t for t in ([table] if table else TABLES)]
+    found = []
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for path in folder.iterdir():
+            part = parse_part_name(path.name)
+            if part is None or (table and part.table != table) or (rank is not None and part.rank != rank):
+                continue
+            if folder == directory or part.table == folder.name:
+                found.append((part, path))
+    return [path for _, path in sorted(found, key=lambda x: (x[0], str(x[1])))]
 
 
 # -------------------------------------------------------------------------------------- manifest

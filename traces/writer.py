@@ -9,9 +9,11 @@ steps or ``commit_every_s`` seconds have passed since the last commit, or a tabl
 (:meth:`TraceWriter.commit`, :meth:`TraceWriter.close` commit too). A writer that is given no
 ``steps`` rows has no step boundaries and writes at ``commit``/``close`` only.
 
-Each part is written under a hidden temporary name, synced to disk and renamed into place with
-``os.replace``; a reader ignores (and reports) a leftover ``.tmp`` file. A writer opened on a
-directory that already holds parts continues their sequence numbers instead of overwriting them.
+Parts go to ``DIR/parts/<table>/`` (one Parquet dataset per table). Each part is written under a
+hidden temporary name in that folder, synced to disk and renamed into place with ``os.replace``; a
+reader ignores (and reports) a leftover ``.tmp`` file. A writer opened on a directory that already
+holds parts (in either layout, see :mod:`traces.schema`) continues their sequence numbers instead
+of overwriting them.
 
 Example::
 
@@ -35,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traces.schema import MANIFEST_NAME, TABLE_SCHEMAS, Manifest, PartName, parse_part_name
+from traces.schema import MANIFEST_NAME, PARTS_DIR, TABLE_SCHEMAS, Manifest, PartName, parse_part_name
 
 __all__ = ["TraceWriter", "write_manifest"]
 
@@ -110,8 +112,7 @@ class TraceWriter:
         self._next_seq: dict[str, int] = dict.fromkeys(TABLE_SCHEMAS, 1)
         self._steps_since_commit = 0
         self._last_commit_s = time.monotonic()
-        for entry in self.directory.iterdir():
-            name = entry.name
+        for name in _names_taken(self.directory):
             if name.startswith(".") and name.endswith(".tmp"):
                 name = name[1:-4]
             part = parse_part_name(name)
@@ -220,12 +221,23 @@ class TraceWriter:
         arrow_table = pa.Table.from_arrays(arrays, schema=schema)
         part = PartName(table=table, rank=self.rank, seq=self._next_seq[table])
         self._next_seq[table] += 1
-        path = self.directory / part.file_name
+        path = part.path_in(self.directory)
+        path.parent.mkdir(parents=True, exist_ok=True)
         _atomic_write(
             path, lambda f: pq.write_table(arrow_table, f, compression=_COMPRESSION), tmp_name=part.tmp_name
         )
         self.parts_written.append(path)
         return path
+
+
+def _names_taken(directory: Path) -> list[str]:
+    """File names in ``directory`` and in its ``parts/<table>/`` folders (the old and new layouts)."""
+    names = [entry.name for entry in directory.iterdir()]
+    for table in TABLE_SCHEMAS:
+        folder = directory / PARTS_DIR / table
+        if folder.is_dir():
+            names.extend(entry.name for entry in folder.iterdir())
+    return names
 
 
 def _coerce_columns(table: str, columns: Mapping[str, Any], *, rank: int) -> dict[str, np.ndarray]:

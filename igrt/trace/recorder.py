@@ -50,7 +50,7 @@ import torch.distributed as dist
 from igpolicy.components import map_parameters, param_infos
 from igpolicy.decide import nominal_k
 from igrt.sync.sparsifiers import Sparsifier, make_sparsifier
-from traces.schema import MANIFEST_NAME, Manifest, parse_part_name
+from traces.schema import MANIFEST_NAME, Manifest, part_files
 from traces.writer import TraceWriter, write_manifest
 
 __all__ = ["TraceRecorder", "jaccard"]
@@ -433,10 +433,8 @@ class TraceRecorder:
             raise ValueError(
                 f"{self.directory} already holds a trace ({MANIFEST_NAME}); record into a new directory"
             )
-        for entry in self.directory.iterdir():
-            part = parse_part_name(entry.name)
-            if part is not None and part.rank == self.rank:
-                raise ValueError(f"{self.directory} already holds rank {self.rank}'s part {entry.name}")
+        for path in part_files(self.directory, rank=self.rank)[:1]:
+            raise ValueError(f"{self.directory} already holds rank {self.rank}'s part {path.name}")
 
 
 def _replace_extra(manifest: Manifest, extra: dict[str, Any]) -> Manifest:

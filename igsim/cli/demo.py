@@ -38,10 +38,11 @@ def _find_trace(args: argparse.Namespace) -> Path | None:
     if args.trace:
         return Path(args.trace)
     from traces.samples import sample_trace_path
+    from traces.schema import part_files
 
     try:
         path = sample_trace_path(args.sample)
-        if not any(path.glob("params-*.parquet")):
+        if not part_files(path, table="params"):
             raise ValueError(f"{path} has a manifest but no recorded rows (still being recorded?)")
         return path
     except ValueError as e:

@@ -40,7 +40,7 @@ from igpolicy.vocab import ComponentClass
 from igsim.net.topology_files import load_topology
 from traces.reader import read_trace
 from traces.samples import write_synthetic_trace
-from traces.schema import MANIFEST_NAME, TraceError
+from traces.schema import MANIFEST_NAME, PARTS_DIR, TraceError, part_files
 
 HARD_LIMIT_S = 60
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,7 +118,7 @@ def trace(pristine, tmp_path) -> Path:
 
 
 def _parts(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.glob("*.parquet"))
+    return [str(p.relative_to(directory)) for p in part_files(directory)]
 
 
 def _read_quietly(directory: Path, **kwargs):
@@ -204,7 +204,11 @@ def test_a_mutated_manifest_is_a_trace_error_or_reads(trace, data) -> None:
                       max_size=4, unique=True))  # fmt: skip
 def test_stray_files_are_reported_never_read(trace, pristine, names) -> None:
     """Leftover ``.tmp`` files and foreign files are listed in ``skipped``; rows are unchanged."""
-    names = [n for n in names if n not in (".", "..") and not n.endswith(".parquet") and n != MANIFEST_NAME]
+    names = [
+        n
+        for n in names
+        if n not in (".", "..") and not n.endswith(".parquet") and n not in (MANIFEST_NAME, PARTS_DIR)
+    ]
     for n in names:
         (trace / n).write_bytes(b"PAR1 not a part")
     try:
@@ -327,7 +331,7 @@ def _negative_row_count_outcome(part_path: str) -> str:
         return "no footer byte gives a negative row count"
     part.write_bytes(bytes(flipped))
     try:
-        _read_quietly(part.parent)
+        _read_quietly(part.parents[2])  # DIR/parts/<table>/<part>
     except TraceError as e:
         return f"TraceError: {e}"
     except Exception as e:
@@ -336,14 +340,17 @@ def _negative_row_count_outcome(part_path: str) -> str:
 
 
 def test_a_footer_claiming_a_negative_row_count_is_a_trace_error(small_trace) -> None:
-    part = small_trace / "params-r000-000001.parquet"
+    part = small_trace / "parts/params/params-r000-000001.parquet"
     outcome = _in_child(_negative_row_count_outcome, str(part), timeout_s=30.0, extra_memory_bytes=2**30)
     assert outcome.startswith(f"TraceError: {part}"), outcome
 
 
 # (part, offset, new byte) of the synthetic small trace that make pyarrow 26.0.1 abort the process in
 # FileMetaData.row_group(0).column(0) ("Repetition/Definition level histogram size mismatch")
-PYARROW_ABORTS = [("steps-r000-000001.parquet", 857, 20), ("steps-r000-000001.parquet", 676, 38)]
+PYARROW_ABORTS = [
+    ("parts/steps/steps-r000-000001.parquet", 857, 20),
+    ("parts/steps/steps-r000-000001.parquet", 676, 38),
+]
 
 
 def _row_group_outcome(path: str) -> str:

@@ -34,7 +34,7 @@ import pytest
 
 from igsim.cli import main as igsim_main
 from traces.reader import read_trace
-from traces.schema import TraceError
+from traces.schema import TraceError, part_files
 
 ROOT = Path(__file__).resolve().parents[2]
 EVERY = 3  # --commit-every-steps
@@ -43,7 +43,7 @@ START_LIMIT_S = 240.0  # spawning 2 ranks and building the tiny model, on a load
 
 def _steps_on_disk(directory: Path, rank: int) -> int:
     """Steps rows of ``rank`` in its committed (renamed into place) steps parts."""
-    return sum(pq.read_metadata(p).num_rows for p in directory.glob(f"steps-r{rank:03d}-*.parquet"))
+    return sum(pq.read_metadata(p).num_rows for p in part_files(directory, table="steps", rank=rank))
 
 
 def _record_and_kill(out: Path, log: Path) -> None:
@@ -58,7 +58,7 @@ def _record_and_kill(out: Path, log: Path) -> None:
         )
     try:
         end = time.monotonic() + START_LIMIT_S
-        while not all(len(list(out.glob(f"steps-r{r:03d}-*.parquet"))) >= 3 for r in (0, 1)):
+        while not all(len(part_files(out, table="steps", rank=r)) >= 3 for r in (0, 1)):
             assert child.poll() is None, (
                 f"igrt record exited with {child.returncode}: {log.read_text()[-2000:]}"
             )
@@ -103,7 +103,7 @@ def test_kill_9_of_igrt_record_keeps_every_committed_step(tmp_path, capsys) -> N
             read_trace(out)
 
     # rank 1's last commit half done: its params part is on disk, its steps part is not
-    last_steps = sorted(out.glob("steps-r001-*.parquet"))[-1]
+    last_steps = part_files(out, table="steps", rank=1)[-1]
     lost = pq.read_metadata(last_steps).num_rows
     last_steps.unlink()
     with pytest.raises(TraceError) as info:
@@ -152,7 +152,7 @@ def test_igsim_replay_complete_prefix_of_a_truncated_run_trace(tmp_path, capsys)
     assert len(whole) == RUN_STEPS
     capsys.readouterr()
 
-    for part in [*(run / "trace").glob("params-r001-*.parquet"), *(run / "trace").glob("steps-r001-*.parquet")]:
+    for part in part_files(run / "trace", rank=1):
         _keep_steps_below(part, KEPT)
     assert igsim_main(["replay", str(run), "--out", str(tmp_path / "refused")]) == 2
     err = capsys.readouterr().err

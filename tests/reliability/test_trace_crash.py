@@ -162,9 +162,10 @@ def test_kill_at_an_arbitrary_moment_loses_at_most_the_step_in_progress(tmp_path
 def test_kill_mid_commit_leaves_a_tmp_and_an_incomplete_step_that_are_reported(tmp_path) -> None:
     done = _run_child(tmp_path, park_after_steps=4, kill_after_steps=0)
     assert done == 4
-    leftovers = sorted(p.name for p in tmp_path.glob(".*.tmp"))
+    leftovers = sorted(p.name for p in tmp_path.rglob(".*.tmp"))
     assert leftovers == [".steps-r000-000005.parquet.tmp"]
-    assert (tmp_path / "params-r000-000005.parquet").is_file()  # step 4's params, without its steps row
+    # step 4's params, without its steps row
+    assert (tmp_path / "parts/params/params-r000-000005.parquet").is_file()
     assert _assert_complete_prefix(tmp_path, at_least=4) == 4
     trace = read_trace(tmp_path, complete_prefix=True)
     assert trace.truncated_at == 4 and "step 4 of rank 0 has params rows but no steps row" in trace.incomplete

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from igsim.cli import main as igsim_main
 from traces.reader import TraceWarning, read_trace
 from traces.samples import synthetic_params, write_synthetic_trace
-from traces.schema import Manifest, TraceError, parse_part_name
+from traces.schema import Manifest, TraceError, parse_part_name, part_files
 from traces.writer import TraceWriter, write_manifest
 
 PARAMS = synthetic_params(num_layers=1, hidden=8, vocab=10)
@@ -40,7 +40,7 @@ def _add_step(w: TraceWriter, step: int, *, keep: np.ndarray | None = None, unio
 def _on_disk(directory: Path) -> dict[str, set[int]]:
     """{table: steps in its committed parts} (read with pyarrow alone)."""
     out: dict[str, set[int]] = {"params": set(), "steps": set(), "unions": set()}
-    for path in directory.glob("*.parquet"):
+    for path in part_files(directory):
         out[parse_part_name(path.name).table] |= set(
             pq.read_table(path, columns=["step"]).column(0).to_pylist()
         )
@@ -163,7 +163,7 @@ def test_ranks_with_different_step_counts(tmp_path) -> None:
 
 def test_params_rows_without_steps_rows_name_the_part_and_row(tmp_path) -> None:
     d = _trace(tmp_path, steps_per_rank={0: 5, 1: 3}, params_only_tail=2)
-    part = sorted(d.glob("params-r001-*.parquet"))[-1]
+    part = part_files(d, table="params", rank=1)[-1]
     with pytest.raises(TraceError) as info:
         read_trace(d)
     # the tail (steps 3 and 4) was committed as one part: step 4 starts after step 3's rows
@@ -176,7 +176,7 @@ def test_params_rows_without_steps_rows_name_the_part_and_row(tmp_path) -> None:
 def test_a_trace_without_steps_rows_is_not_a_valid_trace(tmp_path) -> None:
     """The old failure: small parts, a crash, the steps table empty — read back as 0 compute."""
     d = _trace(tmp_path, steps_per_rank={0: 3, 1: 3})
-    for path in d.glob("steps-*.parquet"):
+    for path in part_files(d, table="steps"):
         path.unlink()
     with pytest.raises(
         TraceError, match=r"has params rows but no steps row \(the trace has no 'steps' rows at all\)"
@@ -188,7 +188,7 @@ def test_a_trace_without_steps_rows_is_not_a_valid_trace(tmp_path) -> None:
 
 def test_a_step_without_unions_rows(tmp_path) -> None:
     d = _trace(tmp_path, steps_per_rank={0: 4, 1: 4})
-    part = sorted(d.glob("unions-r000-*.parquet"))[2]  # step 2's unions
+    part = part_files(d, table="unions", rank=0)[2]  # step 2's unions
     part.unlink()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TraceWarning)  # the gap in the sequence numbers
@@ -228,7 +228,7 @@ def test_simulate_of_a_trace_without_steps_rows_is_refused(tmp_path, capsys) -> 
     """The old failure reported 10 us steps (no compute time) for such a trace."""
     d = tmp_path / "t"
     write_synthetic_trace(d, num_steps=4, world_size=2, rows_per_part=10)
-    for path in d.glob("steps-*.parquet"):
+    for path in part_files(d, table="steps"):
         path.unlink()
     simulate = ["simulate", "--trace", str(d), "--ranks", "2", "--policy", "topk", "--steps", "3"]
     assert igsim_main(simulate) == 2

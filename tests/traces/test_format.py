@@ -16,7 +16,7 @@ from igpolicy.vocab import ComponentId, ParamInfo
 from traces.cli import main as traces_main
 from traces.reader import TraceWarning, read_trace
 from traces.samples import available_samples, sample_trace_path, synthetic_params, write_synthetic_trace
-from traces.schema import TABLE_SCHEMAS, Manifest, PartName, TraceError, parse_part_name
+from traces.schema import TABLE_SCHEMAS, Manifest, PartName, TraceError, parse_part_name, part_files
 from traces.writer import TraceWriter, write_manifest
 
 PARAMS = synthetic_params(num_layers=1, hidden=8, vocab=20)
@@ -107,7 +107,7 @@ def test_round_trip_reads_back_every_row(
     manifest = _write(directory, rows, world_size=world_size, rows_per_part=rows_per_part)
     trace = read_trace(directory)
     assert trace.manifest == manifest
-    assert not list(directory.glob("*.tmp")) and not list(directory.glob(".*"))
+    assert not list(directory.rglob("*.tmp")) and not list(directory.rglob(".*"))
     names = np.asarray(trace.param_names)
     for table in TABLE_SCHEMAS:
         got = getattr(trace, table)
@@ -201,7 +201,7 @@ def test_step_window_equals_filtering_the_full_read(synthetic) -> None:
 def test_a_missing_rank_makes_the_trace_incomplete(tmp_path) -> None:
     rows = _random_rows(np.random.default_rng(1), num_steps=2, world_size=2)
     _write(tmp_path, rows, world_size=2, rows_per_part=1000)
-    for path in tmp_path.glob("*-r001-*.parquet"):
+    for path in part_files(tmp_path, rank=1):
         path.unlink()
     with pytest.raises(
         TraceError, match=r"rank\(s\) \[1\] have no rows of step 1 .*incomplete trace"

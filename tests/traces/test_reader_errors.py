@@ -16,7 +16,7 @@ import pytest
 from traces.cli import main as traces_main
 from traces.reader import TraceWarning, read_trace
 from traces.samples import write_synthetic_trace
-from traces.schema import MANIFEST_NAME, TraceError
+from traces.schema import MANIFEST_NAME, TraceError, part_files
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def trace_dir(pristine, tmp_path) -> Path:
 
 
 def _first_part(directory: Path, table: str = "params") -> Path:
-    return sorted(directory.glob(f"{table}-r000-*.parquet"))[0]
+    return part_files(directory, table=table, rank=0)[0]
 
 
 def _rewrite(path: Path, change) -> None:
@@ -42,7 +42,7 @@ def _rewrite(path: Path, change) -> None:
 
 
 def _next_seq(directory: Path, table: str, rank: int) -> int:
-    return 1 + max(int(p.name[-14:-8]) for p in directory.glob(f"{table}-r{rank:03d}-*.parquet"))
+    return 1 + max(int(p.name[-14:-8]) for p in part_files(directory, table=table, rank=rank))
 
 
 def _raises_naming(directory: Path, path: Path, pattern: str) -> TraceError:
@@ -55,7 +55,7 @@ def _raises_naming(directory: Path, path: Path, pattern: str) -> TraceError:
 
 
 def test_leftover_tmp_part_is_ignored_and_reported(trace_dir, pristine) -> None:
-    tmp = trace_dir / f".params-r000-{_next_seq(trace_dir, 'params', 0):06d}.parquet.tmp"
+    tmp = trace_dir / "parts" / "params" / f".params-r000-{_next_seq(trace_dir, 'params', 0):06d}.parquet.tmp"
     tmp.write_bytes(b"PAR1 half a part")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -70,7 +70,7 @@ def test_a_writer_after_a_crash_neither_reuses_nor_reads_the_tmp_name(trace_dir)
     from traces.writer import TraceWriter
 
     seq = _next_seq(trace_dir, "steps", 1)
-    (trace_dir / f".steps-r001-{seq:06d}.parquet.tmp").write_bytes(b"")
+    (trace_dir / "parts" / "steps" / f".steps-r001-{seq:06d}.parquet.tmp").write_bytes(b"")
     with TraceWriter(trace_dir, rank=1) as w:
         w.add_step_row(step=99, forward_s=0.1, backward_s=0.1, optimizer_s=0.1, loss=1.0)
     assert w.parts_written[0].name == f"steps-r001-{seq + 1:06d}.parquet"
@@ -192,7 +192,7 @@ def test_other_files_are_listed_not_read(trace_dir) -> None:
 
 
 def test_deleted_part_warns_about_the_gap(trace_dir) -> None:
-    sorted(trace_dir.glob("params-r001-*.parquet"))[1].unlink()
+    part_files(trace_dir, table="params", rank=1)[1].unlink()
     with pytest.warns(TraceWarning, match=r"'params' parts of rank 1: sequence number\(s\) \[2\] missing"):
         read_trace(trace_dir)
 

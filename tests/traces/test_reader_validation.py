@@ -19,7 +19,7 @@ import pytest
 
 from traces.reader import TraceWarning, read_trace
 from traces.samples import synthetic_params, write_synthetic_trace
-from traces.schema import MANIFEST_NAME, NORM_RTOL, RUN_TRACE_K, Manifest, TraceError
+from traces.schema import MANIFEST_NAME, NORM_RTOL, RUN_TRACE_K, Manifest, TraceError, part_files
 from traces.writer import TraceWriter, write_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,12 +38,12 @@ def trace_dir(pristine, tmp_path) -> Path:
 
 
 def _parts(directory: Path, table: str, rank: int = 0) -> list[Path]:
-    return sorted(directory.glob(f"{table}-r{rank:03d}-*.parquet"))
+    return part_files(directory, table=table, rank=rank)
 
 
 def _next_name(directory: Path, table: str, rank: int = 0) -> Path:
     seq = 1 + max(int(p.name[-14:-8]) for p in _parts(directory, table, rank))
-    return directory / f"{table}-r{rank:03d}-{seq:06d}.parquet"
+    return directory / "parts" / table / f"{table}-r{rank:03d}-{seq:06d}.parquet"
 
 
 def _set(path: Path, column: str, row: int, value) -> None:
