@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from igpolicy.cli_util import add_deprecated_alias
+from igpolicy.limits import check_count
 from igrt.workloads import WORKLOADS
 
 RECORD_SPARSIFIERS = ("topk", "adtopk", "randomk")
@@ -111,6 +112,7 @@ def _check(args: argparse.Namespace) -> None:
         if getattr(args, name) < 1:
             flag = "ranks" if name == "nproc" else name.replace("_", "-")
             raise ValueError(f"--{flag} must be >= 1, got {getattr(args, name)}")
+    check_count(args.steps, what="--steps", limit="MAX_TRAIN_STEPS")  # as igrt train and bench
     if not 0.0 < args.density <= 1.0:
         raise ValueError(f"--density must be in (0, 1], got {args.density}")
     if args.commit_every_steps < 0:

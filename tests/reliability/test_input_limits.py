@@ -303,3 +303,14 @@ def test_validate_of_the_largest_allowed_topology_and_its_errors() -> None:
         Topology(graph=g, ranks=doubled).validate()
     with pytest.raises(ValueError, match=r"rank nodes \[.*\] are missing from the rank order \(20 in all\)$"):
         Topology(graph=g, ranks=ranks[:-20]).validate()
+
+
+@pytest.mark.parametrize("steps", [limits.MAX_TRAIN_STEPS + 1, 10**7, 10**30])
+def test_igrt_record_steps_are_bounded_like_train(tmp_path, steps) -> None:
+    """``igrt record --steps`` has igrt train's limit (MAX_TRAIN_STEPS): one line, before any rank
+    starts (the output folder, claimed first by every command that writes one, holds no trace)."""
+    out = tmp_path / "trace"
+    argv = ["record", "--workload", "gpt", "--tiny", "--steps", str(steps), "-o", str(out)]
+    code, err = _in_child("igrt", argv, timeout_s=30.0)  # unbounded, it would record for hours: a "hang"
+    _assert_one_line(code, err, f"--steps {steps}", "1,000,000", "MAX_TRAIN_STEPS")
+    assert {p.name for p in out.iterdir()} <= {".ig-lock"} if out.exists() else True
