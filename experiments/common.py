@@ -667,8 +667,9 @@ def _launch_on_testbed(pending: Sequence[tuple[dict[str, Any], str]], spec: Any,
     import tempfile
 
     from igrt.testbed import namespaces as testbed
+    from igrt.testbed.netmeasure import random_port
 
-    port = 29700 + os.getpid() % 200
+    port = random_port()  # not predictable from the pid (another user could squat on it)
     names = {spec.rank_ns(r) for r in range(spec.num_ranks)}
     with tempfile.TemporaryDirectory(prefix="igexp-") as tmp:
         jobs_file = Path(tmp) / "jobs.json"

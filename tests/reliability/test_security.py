@@ -191,3 +191,47 @@ def test_prepare_config_refuses_legacy_zero_and_sparse_gradients(extra, needle) 
         prepare_config(_ds(**extra))
     assert needle in str(info.value)
     prepare_config(_ds(zero_optimization={"stage": 0}, sparse_gradients=False))  # the explicit forms pass
+
+
+def test_the_experiments_testbed_port_is_not_predictable(monkeypatch) -> None:
+    """experiments/common.py's testbed launcher draws its rendezvous port like run_ranks (it was
+    29700 + pid % 200): a different port per launch, the same for every rank of one."""
+    import experiments.common as common
+
+    ports = []
+
+    class _Done:
+        returncode = 0
+
+        def __init__(self, cmd, env, **kwargs) -> None:
+            ports.append(int(env["MASTER_PORT"]))
+
+        def poll(self) -> int:
+            return 0
+
+    monkeypatch.setattr(common.subprocess, "Popen", _Done)
+    monkeypatch.setattr(testbed, "exec_args", lambda spec, r: ["true"])
+    spec = testbed.TestbedSpec(num_ranks=2, rate_bytes_per_s=1e6)
+    monkeypatch.setattr(testbed, "leftovers", lambda *a, **k: [spec.rank_ns(r) for r in range(2)])
+    for _ in range(8):
+        common._launch_on_testbed([], spec, timeout_s=60.0)
+    per_call = ports[::2]
+    assert len(set(per_call)) >= 6 and 29700 + os.getpid() % 200 not in per_call
+    assert ports[0::2] == ports[1::2]
+
+
+def test_no_fixed_rendezvous_port_in_experiments_or_the_testbed() -> None:
+    """No ``port = <number>`` (or ``<number> + ...``) in experiments/ or igrt/testbed/."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2]
+    fixed = []
+    for path in [*(root / "experiments").glob("*.py"), *(root / "igrt" / "testbed").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign) and not isinstance(node.value, ast.Tuple) and any(
+                "port" in ast.unparse(t).lower() for t in node.targets
+            ):  # (a range to draw from is a tuple)
+                numbers = [n.value for n in ast.walk(node.value) if isinstance(n, ast.Constant)]
+                if any(isinstance(v, int) and 1024 <= v < 65536 for v in numbers):
+                    fixed.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    assert not fixed, fixed
