@@ -11,6 +11,14 @@ Encoder-decoder models keep their stacks apart (``encoder.3.attn_q`` vs ``decode
 Whether a model has two stacks is a property of the whole name set, so :func:`map_parameters` is
 the reliable entry point; :func:`component_of` on one name guesses (T5 naming) unless told.
 
+Freshly initialised parameters (a task head added for fine-tuning: BERT's ``classifier``, a
+reward model's ``score``) are not like the pretrained ones around them: :func:`param_infos` and
+:func:`mark_fresh` give every parameter matching a *fresh pattern* the component ``fresh``
+(:data:`ComponentKind.FRESH`), which the profiler always pins. A pattern is a module name
+(``classifier`` matches ``classifier.weight`` and ``model.classifier.dense.bias``) or a glob over the
+full name (``*.score.*``); ``auto`` stands for :data:`FRESH_AUTO`. Without patterns the mapping is
+unchanged (the classifier shares ``head`` with the pooler).
+
 Fused q/k/v weights keep one component (``ATTN_QKV``); :func:`split_fused_qkv` gives the row (or
 column) indices of q, k and v so a caller can account for them head-aware. Layouts, checked against
 the installed transformers 5.x source (``transformers/models/...``):
@@ -32,6 +40,7 @@ the installed transformers 5.x source (``transformers/models/...``):
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,13 +52,16 @@ from igpolicy.vocab import ComponentId, ComponentKind, ParamInfo
 
 __all__ = [
     "FAMILIES",
+    "FRESH_AUTO",
     "LAYOUTS",
     "ComponentMap",
     "FusedSplit",
     "component_of",
     "detect_family",
+    "fresh_names",
     "fused_layout_for",
     "map_parameters",
+    "mark_fresh",
     "param_infos",
     "split_fused_qkv",
 ]
@@ -59,6 +71,10 @@ FAMILIES = (
     "qwen2_moe", "unknown",
 )  # fmt: skip
 LAYOUTS = ("gpt2", "gpt_neox", "bloom", "falcon", "contiguous")
+# what ``auto`` marks fresh: Hugging Face task heads that ``from_pretrained`` initialises anew
+# (sequence / token classification, reward and QA heads), outside the layers. An untied ``lm_head``
+# is pretrained in post-training, so it is not in the list; name it explicitly when it is new.
+FRESH_AUTO = ("classifier", "score", "qa_outputs")
 
 K = ComponentKind
 _WRAPPERS = frozenset(
@@ -334,10 +350,71 @@ def map_parameters(names: Iterable[str]) -> ComponentMap:
     )
 
 
-def param_infos(named: Sequence[tuple[str, tuple[int, ...], str]]) -> list[ParamInfo]:
+def _check_patterns(patterns: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(patterns, str):
+        raise ValueError(f"fresh patterns must be a collection of strings, not the string {patterns!r}")
+    out = []
+    for pat in patterns:
+        if not isinstance(pat, str) or not pat.strip(". "):
+            raise ValueError(f"fresh pattern {pat!r} must be a non-empty module name or glob")
+        out.extend(FRESH_AUTO if pat == "auto" else (pat,))
+    return tuple(dict.fromkeys(out))
+
+
+def fresh_names(names: Iterable[str], patterns: Iterable[str]) -> tuple[str, ...]:
+    """The names (in input order) that match a fresh pattern (see the module docstring).
+
+    A pattern without glob characters matches a name whose module path holds it as one token
+    outside the layers (case-insensitive); one with ``*?[`` is an :mod:`fnmatch` glob over the whole
+    name. ``auto`` expands to :data:`FRESH_AUTO`. Raises ValueError on an empty pattern.
+
+    >>> fresh_names(["bert.pooler.dense.weight", "classifier.weight", "classifier.bias"], ["auto"])
+    ('classifier.weight', 'classifier.bias')
+    """
+    pats = _check_patterns(patterns)
+    globs = [p for p in pats if any(c in p for c in "*?[")]
+    tokens = {p.lower() for p in pats if p not in globs}
+    out = []
+    for name in names:
+        parsed = _parse(name)
+        outside = parsed.tokens if parsed.layer_pos is None else parsed.tokens[: parsed.layer_pos]
+        if tokens & set(outside) or any(fnmatch.fnmatchcase(name, g) for g in globs):
+            out.append(name)
+    return tuple(out)
+
+
+def mark_fresh(infos: Sequence[ParamInfo], patterns: Iterable[str]) -> list[ParamInfo]:
+    """``infos`` with every parameter matching a fresh pattern moved to the component ``fresh``.
+
+    Used by the runtime (its own parameters), the simulator (a trace's or an architecture's) and
+    the profiler, so all three see the same components. No patterns: ``infos`` unchanged. A
+    pattern other than ``auto`` that matches nothing raises ValueError (a typo must not silently
+    leave a new head among the pretrained ones); ``auto`` may match nothing.
+    """
+    import dataclasses
+
+    if isinstance(patterns, str):
+        raise ValueError(f"fresh patterns must be a collection of strings, not the string {patterns!r}")
+    patterns = tuple(patterns)
+    _check_patterns(patterns)
+    if not patterns:
+        return list(infos)
+    names = [i.name for i in infos]
+    unmatched = [p for p in patterns if p != "auto" and not fresh_names(names, [p])]
+    if unmatched:
+        raise ValueError(f"fresh pattern(s) {unmatched} match no parameter name (e.g. {names[:3]})")
+    fresh = set(fresh_names(names, patterns))
+    key = ComponentId(kind=K.FRESH).key
+    return [dataclasses.replace(i, component=key) if i.name in fresh else i for i in infos]
+
+
+def param_infos(
+    named: Sequence[tuple[str, tuple[int, ...], str]], *, fresh: Iterable[str] = ()
+) -> list[ParamInfo]:
     """(name, shape, dtype) in registration order -> ParamInfo with its component key and ``order``.
 
     Unknown names get an ``other`` component; print ``map_parameters(names).report()`` to show them.
+    ``fresh``: fresh patterns (see :func:`mark_fresh`); their parameters get the ``fresh`` component.
     """
     for entry in named:
         if len(entry) != 3:
@@ -348,10 +425,11 @@ def param_infos(named: Sequence[tuple[str, tuple[int, ...], str]]) -> list[Param
         if not isinstance(dtype, str) or not dtype:
             raise ValueError(f"parameter {name!r}: dtype must be a name like 'float32', got {dtype!r}")
     cmap = map_parameters(n for n, _, _ in named)
-    return [
+    infos = [
         ParamInfo(name=n, shape=tuple(int(d) for d in s), dtype=dt, component=cmap.components[n].key, order=i)
         for i, (n, s, dt) in enumerate(named)
     ]
+    return mark_fresh(infos, fresh)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

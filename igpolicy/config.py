@@ -88,6 +88,14 @@ class PolicyConfig:
       touches a residual): ``skip`` the step on every rank (nothing is applied; every finite
       gradient is held in the residuals, the non-finite parameters' gradients are discarded on the
       rank that had them), or ``error``: stop every rank with an error naming the parameter.
+    - ``fresh_patterns``: parameters that are freshly initialised (a new task head), as module names
+      or globs (``auto``: Hugging Face task heads, :data:`igpolicy.components.FRESH_AUTO`); they form
+      the component ``fresh``, which the profiler always pins (:func:`igpolicy.components.mark_fresh`).
+    - ``dense_small_numel``: parameters of at most this many entries (biases, norm weights) send
+      every entry whenever they send, instead of ``ceil(density · numel)`` pairs (0: off; 4096
+      covers MiniLM's and GPT-2's vectors). See :func:`igpolicy.wire.param_k`.
+    - ``warmup_steps``: every component sends on every step ``t < warmup_steps`` (the sparsifier
+      still selects); the release schedule starts after it (0: off).
     """
 
     policy: str = "importance"
@@ -105,6 +113,9 @@ class PolicyConfig:
     skip_unsent: bool = True
     catch_up: bool = False
     nonfinite: str = "skip"
+    fresh_patterns: tuple[str, ...] = ()
+    dense_small_numel: int = 0
+    warmup_steps: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -145,6 +156,10 @@ class PolicyConfig:
             raise bad("value_bytes", self.value_bytes, "must be 2 (bf16/fp16) or 4 (fp32)")
         if self.nonfinite not in NONFINITE:
             raise bad("nonfinite", self.nonfinite, f"is not one of {', '.join(NONFINITE)}")
+        if int(self.dense_small_numel) < 0:
+            raise bad("dense_small_numel", self.dense_small_numel, "must be >= 0 (0: off)")
+        if int(self.warmup_steps) < 0:
+            raise bad("warmup_steps", self.warmup_steps, "must be >= 0 (0: off)")
         if self.catch_up and not self.skip_unsent:
             raise bad("catch_up", self.catch_up, "needs skip_unsent=true (a zero grad steps the optimizer anyway)")
 
@@ -160,7 +175,10 @@ class PolicyConfig:
         for key in ("policy", "sparsifier", "packing", "collective", "nonfinite"):
             if not isinstance(getattr(self, key), str):
                 raise bad(key, getattr(self, key), "must be a string")
-        for key in ("release_period", "bucket_cap_bytes", "index_bytes", "value_bytes", "seed"):
+        for key in (
+            "release_period", "bucket_cap_bytes", "index_bytes", "value_bytes", "seed",
+            "dense_small_numel", "warmup_steps",
+        ):  # fmt: skip
             if not is_int(getattr(self, key)):
                 raise bad(key, getattr(self, key), "must be an integer")
         if self.num_buckets is not None and not is_int(self.num_buckets):
@@ -168,6 +186,12 @@ class PolicyConfig:
         for key in ("staggered", "skip_unsent", "catch_up"):
             if not isinstance(getattr(self, key), bool):
                 raise bad(key, getattr(self, key), "must be true or false")
+        fresh = self.fresh_patterns
+        if isinstance(fresh, str) or not isinstance(fresh, (tuple, list)):
+            raise bad("fresh_patterns", fresh, "must be a list of module names or globs")
+        if not all(isinstance(x, str) and x.strip(". ") for x in fresh):
+            raise bad("fresh_patterns", fresh, "must hold non-empty strings")
+        object.__setattr__(self, "fresh_patterns", tuple(fresh))
         if not is_number(self.density):
             raise bad("density", self.density, "must be a number")
         if not isinstance(self.density_per_kind, Mapping):
@@ -196,4 +220,5 @@ class PolicyConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["density_per_kind"] = dict(self.density_per_kind)
+        d["fresh_patterns"] = list(self.fresh_patterns)
         return d

@@ -16,8 +16,8 @@ from igpolicy.config import PolicyConfig
 from igpolicy.packing import pack
 from igpolicy.plan import SyncPlan, compare_plans
 from igpolicy.schedule import AlwaysSchedule, ImportanceSchedule, PeriodicSchedule, assign_phases
-from igpolicy.vocab import CollectiveKind, ComponentId, PackingPlan, ParamInfo, PayloadBlock, ReleaseDecision
-from igpolicy.wire import nominal_k
+from igpolicy.vocab import CollectiveKind, PackingPlan, ParamInfo, PayloadBlock, ReleaseDecision
+from igpolicy.wire import nominal_k, pairs_of
 
 __all__ = [
     "BucketDecision",
@@ -56,17 +56,13 @@ class StepDecision:
         return len(self.buckets)
 
 
-def _kind(param: ParamInfo) -> str:
-    return ComponentId.from_key(param.component).kind.value
-
-
 def payload_blocks(params: Sequence[ParamInfo], config: PolicyConfig) -> list[PayloadBlock]:
-    """Nominal per-step payload of every parameter: k pairs for sparse policies, dense values otherwise."""
+    """Nominal per-step payload of every parameter: k pairs for sparse policies (every entry for a
+    parameter within ``dense_small_numel``), dense values otherwise."""
     blocks = []
     for p in params:
         if config.sparse:
-            k = nominal_k(p.numel, config.density_for(_kind(p)))
-            size = k * (config.index_bytes + config.value_bytes)
+            size = pairs_of(p, config) * (config.index_bytes + config.value_bytes)
         else:
             size = p.numel * config.value_bytes
         blocks.append(PayloadBlock(name=p.name, component=p.component, size_bytes=size, order=p.order))
@@ -93,10 +89,15 @@ def release_phases(
         raise ValueError("policy 'importance' needs a SyncPlan (igsim profile TRACE -o plan.json)")
     missing, extra = compare_plans(plan, keys)
     if missing or extra:
+        hint = ""
+        if "fresh" in extra:
+            hint = f"; the plan has fresh parameters: set fresh_patterns (--fresh) to {_fresh_of(plan)}"
+        elif "fresh" in missing:
+            hint = "; the plan was profiled without fresh_patterns: profile with the same --fresh"
         raise ValueError(
             f"SyncPlan {plan.fingerprint} does not match the model: "
             f"components missing from the plan: {missing or 'none'}; "
-            f"components in the plan but not in the model: {extra or 'none'}"
+            f"components in the plan but not in the model: {extra or 'none'}{hint}"
         )
     by_key = plan.by_key
     low = sorted(plan.low)
@@ -110,8 +111,13 @@ def release_phases(
     return phases
 
 
-def _schedule(config: PolicyConfig):
-    if config.policy in ("dense", "topk", "adtopk"):
+def _fresh_of(plan: SyncPlan) -> str:
+    pats = plan.source.get("fresh_patterns")
+    return " ".join(map(str, pats)) if isinstance(pats, list) and pats else "the patterns it was profiled with"
+
+
+def _schedule(config: PolicyConfig, step: int):
+    if config.policy in ("dense", "topk", "adtopk") or step < config.warmup_steps:
         return AlwaysSchedule()
     if config.policy == "periodic":
         return PeriodicSchedule(period=config.release_period)
@@ -131,11 +137,12 @@ def decide_step(
 
     ``phases`` comes from :func:`release_phases` (computed once per run). ``blocks`` defaults to the
     nominal :func:`payload_blocks`; pass a step's own sizes (e.g. from a trace) only where every rank
-    knows them. Parameters of components that do not send this step contribute no block.
+    knows them. Parameters of components that do not send this step contribute no block. Before
+    ``config.warmup_steps`` every component sends (the release schedule starts after the warm-up).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    release = _schedule(config).decide(step=step, components=phases)
+    release = _schedule(config, step).decide(step=step, components=phases)
     if blocks is None:
         blocks = payload_blocks(params, config)
     by_name = {p.name: p for p in params}
@@ -156,7 +163,7 @@ def decide_step(
     for bucket in packing.buckets:
         numel = sum(by_name[n].numel for n in bucket.block_names)
         if config.sparse:
-            nnz = sum(nominal_k(by_name[n].numel, config.density_for(_kind(by_name[n]))) for n in bucket.block_names)
+            nnz = sum(pairs_of(by_name[n], config) for n in bucket.block_names)
             collective = choose_collective(
                 numel=numel,
                 nnz_per_rank=[nnz] * world_size,

@@ -30,6 +30,7 @@ from scipy.stats import rankdata
 
 __all__ = [
     "NORMALISERS",
+    "SIZE_NORMS",
     "TIE_RTOL",
     "ComponentStats",
     "ImportanceConfig",
@@ -39,6 +40,7 @@ __all__ = [
 ]
 
 NORMALISERS = ("minmax", "rank", "log_minmax")
+SIZE_NORMS = ("numel", "selected")  # what a component's selected norm is divided (under a root) by
 _LOG_FLOOR = 1e-12  # log_minmax: values below this fraction of the largest are raised to it
 TIE_RTOL = 1e-9  # magnitudes closer than this relative gap to their sorted neighbour are tied
 
@@ -59,6 +61,10 @@ class ImportanceConfig:
     ``normalise`` maps the raw magnitudes of all components onto [0, 1]: ``minmax``, ``rank``
     (average ranks of ties, evenly spaced) or ``log_minmax`` (min-max of the logarithm); for all
     three, magnitudes within a relative ``TIE_RTOL`` of each other are ties (see the module docstring).
+    ``size_norm`` is what the selected norm is made size-free by: ``numel`` (sqrt of the component's
+    entries, the prototype's) or ``selected`` (sqrt of the entries the sparsifier selected that step:
+    the RMS of what the component sent, so a row-sparse embedding is not diluted by its untouched
+    rows; needs ``ComponentStats.selected``).
     """
 
     magnitude_weight: float = 0.7
@@ -67,6 +73,7 @@ class ImportanceConfig:
     overlap_weight: float = 0.5
     window: tuple[int, int] | None = None
     normalise: str = "minmax"
+    size_norm: str = "numel"
 
     def __post_init__(self) -> None:
         for name in ("magnitude_weight", "consistency_weight", "persistence_weight", "overlap_weight"):
@@ -80,6 +87,10 @@ class ImportanceConfig:
         if self.normalise not in NORMALISERS:
             raise ValueError(
                 f"importance config: normalise={self.normalise!r} is not one of {', '.join(NORMALISERS)}"
+            )
+        if self.size_norm not in SIZE_NORMS:
+            raise ValueError(
+                f"importance config: size_norm={self.size_norm!r} is not one of {', '.join(SIZE_NORMS)}"
             )
         if self.window is not None:
             w = self.window
@@ -103,6 +114,8 @@ class ImportanceConfig:
             "overlap_weight": float(self.overlap_weight),
             "window": None if self.window is None else list(self.window),
             "normalise": self.normalise,
+            # recorded only when not the default, so plans profiled before it keep their fingerprint
+            **({"size_norm": self.size_norm} if self.size_norm != "numel" else {}),
         }
 
 
@@ -115,6 +128,8 @@ class ComponentStats:
     - ``overlap`` [T, C]: Jaccard index of the selected index sets of steps t-1 and t, in [0, 1];
       NaN where undefined (step 0, or nothing selected in either step).
     - ``grad_norm`` [T, C] (optional): L2 norm of the full gradient, >= 0, kept for reports.
+    - ``selected`` [T, C] (optional): entries the sparsifier selected (Σ k over the component's
+      parameters), >= 0; what ``ImportanceConfig(size_norm="selected")`` divides by.
     """
 
     keys: tuple[str, ...]
@@ -122,6 +137,7 @@ class ComponentStats:
     numel: np.ndarray
     overlap: np.ndarray
     grad_norm: np.ndarray | None = None
+    selected: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         keys = tuple(self.keys)
@@ -166,6 +182,12 @@ class ComponentStats:
                 raise ValueError(f"component stats: grad_norm must have shape [{T}, {C}], got {gn.shape}")
             _check_nonneg_finite(gn, "grad_norm", keys)
             object.__setattr__(self, "grad_norm", gn)
+        if self.selected is not None:
+            sk = _frozen_array(self.selected, dtype=np.float64)
+            if sk.shape != (T, C):
+                raise ValueError(f"component stats: selected must have shape [{T}, {C}], got {sk.shape}")
+            _check_nonneg_finite(sk, "selected", keys)
+            object.__setattr__(self, "selected", sk)
 
     @property
     def num_steps(self) -> int:
@@ -206,7 +228,8 @@ def component_stats_from_params(
     Per component c with parameters P(c) and step t:
     ``sel_norm[t, c] = sqrt(Σ_p sel_norm_p[t]²)`` (and the same for ``grad_norm``),
     ``numel[c] = Σ_p numel_p``, ``overlap[t, c] = Σ_p k_p[t]·J_p[t] / Σ_p k_p[t]`` over the
-    parameters whose Jaccard J_p[t] is defined (NaN when that weight is 0). Every mapping must name
+    parameters whose Jaccard J_p[t] is defined (NaN when that weight is 0), ``selected[t, c] =
+    Σ_p k_p[t]``. Every mapping must name
     exactly the parameters of ``param_component``; components come out sorted by key.
     """
     names = sorted(param_component)
@@ -248,6 +271,7 @@ def component_stats_from_params(
     gsq = np.zeros((T, C))
     num = np.zeros((T, C))
     den = np.zeros((T, C))
+    selected = np.zeros((T, C))
     numel = np.zeros(C, dtype=np.int64)
     for name in names:
         c = col[param_component[name]]
@@ -258,6 +282,7 @@ def component_stats_from_params(
         sq[:, c] += arrays["sel_norm"][name] ** 2
         if grad_norm is not None:
             gsq[:, c] += arrays["grad_norm"][name] ** 2
+        selected[:, c] += kk[name]
         j = arrays["overlap"][name]
         defined = ~np.isnan(j)
         w = np.where(defined, kk[name], 0.0)
@@ -271,13 +296,14 @@ def component_stats_from_params(
         numel=numel,
         overlap=ov,
         grad_norm=np.sqrt(gsq) if grad_norm is not None else None,
+        selected=selected,
     )
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class ImportanceScores:
     """Per-component scores (arrays [C], aligned with ``keys``), each in [0, 1] except
-    ``raw_magnitude`` (mean of sel_norm / sqrt(numel) over the window, in gradient units)."""
+    ``raw_magnitude`` (mean of sel_norm / sqrt(numel or selected) over the window, in gradient units)."""
 
     keys: tuple[str, ...]
     raw_magnitude: np.ndarray
@@ -358,7 +384,8 @@ def score_components(stats: ComponentStats, config: ImportanceConfig | None = No
     """Score every component of ``stats`` over ``config.window`` (all rows when None).
 
     With z[t, c] = sel_norm[t, c] / sqrt(numel[c]) (selected norm per √entry, so a large matrix is
-    not important merely for being large) over the W window rows:
+    not important merely for being large; with ``size_norm="selected"``, sel_norm[t, c] /
+    sqrt(selected[t, c]), 0 where nothing was selected) over the W window rows:
 
     - ``raw_magnitude[c] = mean_t z[t, c]``; ``magnitude = normalise(raw_magnitude)`` across components
       (minmax: (x - min)/(max - min); rank: (average rank - 1)/(C - 1); log_minmax: minmax of
@@ -369,7 +396,8 @@ def score_components(stats: ComponentStats, config: ImportanceConfig | None = No
     - ``consistency = (w_p·persistence + w_o·overlap) / (w_p + w_o)``.
     - ``score = (w_m·magnitude + w_c·consistency) / (w_m + w_c)``, in [0, 1].
 
-    Raises ValueError when the window does not lie inside the T recorded rows.
+    Raises ValueError when the window does not lie inside the T recorded rows, or when
+    ``size_norm="selected"`` and the statistics carry no ``selected`` counts.
     """
     config = config or ImportanceConfig()
     T = stats.num_steps
@@ -387,7 +415,13 @@ def score_components(stats: ComponentStats, config: ImportanceConfig | None = No
     back = np.empty_like(order)
     back[order] = np.arange(order.size)
     sel, numel = np.ascontiguousarray(stats.sel_norm[rows][:, order]), stats.numel[order]
-    z = sel / np.sqrt(numel.astype(np.float64))[None, :]
+    if config.size_norm == "selected":
+        if stats.selected is None:
+            raise ValueError("importance size_norm='selected' needs ComponentStats.selected (the per-step k)")
+        k = np.ascontiguousarray(stats.selected[rows][:, order])
+        z = np.where(k > 0, sel / np.sqrt(np.maximum(k, 1.0)), 0.0)
+    else:
+        z = sel / np.sqrt(numel.astype(np.float64))[None, :]
     W = z.shape[0]
     raw = _column_sums(z) / W
     magnitude = _normalise(raw, config.normalise)

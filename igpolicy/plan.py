@@ -12,16 +12,16 @@ import hashlib
 import json
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from igpolicy.config import check_keys
+from igpolicy.config import PolicyConfig, check_keys
 from igpolicy.limits import MAX_SCORE, check_count
-from igpolicy.vocab import ComponentClass, ComponentId
+from igpolicy.vocab import ComponentClass, ComponentId, ComponentKind
 
-__all__ = ["SCHEMA_VERSION", "ComponentPlan", "SyncPlan", "compare_plans"]
+__all__ = ["SCHEMA_VERSION", "ComponentPlan", "SyncPlan", "apply_policy_defaults", "compare_plans"]
 
 SCHEMA_VERSION = 1
 _TOP_KEYS = frozenset(
@@ -93,6 +93,8 @@ class SyncPlan:
                 raise ValueError(f"SyncPlan: component {c.key!r} appears twice")
             seen.add(c.key)
             _check_score(c)
+            if c.cls == ComponentClass.LOW and ComponentId.from_key(c.key).kind == ComponentKind.FRESH:
+                raise ValueError(f"SyncPlan: component {c.key!r} is freshly initialised and cannot be low")
             if c.cls == ComponentClass.LOW:
                 if c.phase is None or not (0 <= c.phase < self.release_period):
                     raise ValueError(
@@ -113,6 +115,13 @@ class SyncPlan:
     def phases(self) -> dict[str, int | None]:
         """{component key: release phase}, None for components that send every step."""
         return {c.key: c.phase for c in self.components}
+
+    @property
+    def policy_defaults(self) -> dict[str, Any]:
+        """PolicyConfig settings the profiler recommends with this plan (``settings["policy_defaults"]``;
+        empty for plans written before it existed). See :func:`apply_policy_defaults`."""
+        d = self.settings.get("policy_defaults", {})
+        return dict(d) if isinstance(d, Mapping) else {}
 
     @property
     def important(self) -> frozenset[str]:
@@ -234,6 +243,22 @@ def compare_plans(plan: SyncPlan, component_keys: Sequence[str]) -> tuple[list[s
     have = set(component_keys)
     planned = set(plan.by_key)
     return sorted(have - planned), sorted(planned - have)
+
+
+def apply_policy_defaults(config: PolicyConfig, plan: SyncPlan | None, *, explicit: Iterable[str] = ()) -> PolicyConfig:
+    """``config`` with the plan's :attr:`SyncPlan.policy_defaults` for every key not in ``explicit``
+    (keys the user set), under the ``importance`` and ``periodic`` policies only.
+
+    This is how a default changes for new plans only: e.g. ``catch_up`` is on for runs with a plan
+    profiled since it was recorded, off for older plans and for every config built without a plan,
+    so states saved before keep their config digest. A bad recorded key is a ValueError naming it.
+    """
+    if plan is None or config.policy not in ("importance", "periodic"):
+        return config
+    chosen = {k: v for k, v in plan.policy_defaults.items() if k not in set(explicit)}
+    if not chosen:
+        return config
+    return PolicyConfig.from_dict({**config.to_dict(), **chosen}, where=f"SyncPlan {plan.fingerprint} policy_defaults")
 
 
 def _jsonable(obj: Any) -> Any:

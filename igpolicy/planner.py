@@ -6,6 +6,8 @@ schedule is periodic in the release period and decisions use nominal sizes, so t
 step ``t`` equals that of ``t mod R`` (up to the step number): the planner decides steps
 ``0 .. 2R-1`` only, checks the second period against the first (a loud error if a schedule ever
 stops being periodic), and reuses the packing afterwards (KK packing at 64 buckets costs ms).
+With a warm-up (``PolicyConfig.warmup_steps`` = W), steps ``t < W`` share one memo slot (every
+component sends) and the periodic slots start at step W (:meth:`StepPlanner.slot`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from igpolicy.config import PolicyConfig
 from igpolicy.decide import StepDecision, decide_step
 from igpolicy.step_plan import CollectiveOp, StepPlan, bucket_ops, build_step_plan
 from igpolicy.vocab import ParamInfo, PayloadBlock
-from igpolicy.wire import param_k
+from igpolicy.wire import config_k
 
 __all__ = ["StepPlanner"]
 
@@ -39,8 +41,9 @@ class StepPlanner:
         self.phases, self.integration = dict(phases), integration
         self.blocks = None if blocks is None else tuple(blocks)
         self.period = int(config.release_period)
+        self.warmup = int(config.warmup_steps)
         self.infos = {p.name: p for p in self.params}
-        self.k = {p.name: param_k(p, sparse=config.sparse, density_for=config.density_for) for p in self.params}
+        self.k = {p.name: config_k(p, config) for p in self.params}
         self._decisions: dict[int, StepDecision] = {}
         self._plans: dict[tuple, StepPlan] = {}
         self._bucket_ops: dict[tuple, tuple[CollectiveOp, ...]] = {}
@@ -55,12 +58,18 @@ class StepPlanner:
             blocks=self.blocks,
         )
 
+    def slot(self, step: int) -> int:
+        """The memo slot of ``step``: -1 for every warm-up step, else ``step mod R`` (steps in one
+        slot have the same decision up to the step number)."""
+        return -1 if step < self.warmup else step % self.period
+
     def decision(self, step: int) -> StepDecision:
         """decide_step's decision for ``step`` (memoised per release slot)."""
-        slot = step % self.period
-        if step < self.period or slot not in self._decisions:
+        slot = self.slot(step)
+        rel = step - (0 if slot == -1 else self.warmup)  # steps since the slot's regime began
+        if rel < self.period or slot not in self._decisions:
             self._decisions[slot] = self._decide(step)
-        elif step < 2 * self.period:
+        elif rel < 2 * self.period:
             again = self._decide(step)
             first = self._decisions[slot]
             if (again.sending_params, [b.param_names for b in again.buckets]) != (
@@ -76,7 +85,7 @@ class StepPlanner:
     def plan(self, step: int, *, ddp_bucket_names: Sequence[Sequence[str]] | None = None) -> StepPlan:
         """The step plan of ``step`` (``ddp_bucket_names``: DDP's buckets, for ``ddp-hook``)."""
         names_key = None if ddp_bucket_names is None else tuple(tuple(b) for b in ddp_bucket_names)
-        key = (step % self.period, names_key)
+        key = (self.slot(step), names_key)
         plan = self._plans.get(key)
         if plan is None:
             plan = build_step_plan(
@@ -92,7 +101,7 @@ class StepPlanner:
 
     def ddp_bucket_ops(self, step: int, *, bucket: int, names: Sequence[str]) -> tuple[CollectiveOp, ...]:
         """The ops of one DDP bucket at ``step`` (``seq`` counted within the bucket)."""
-        key = (step % self.period, bucket, tuple(names))
+        key = (self.slot(step), bucket, tuple(names))
         ops = self._bucket_ops.get(key)
         if ops is None:
             ops = bucket_ops(

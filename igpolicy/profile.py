@@ -3,7 +3,9 @@
 Classes follow one rule set, in order:
 
 1. **pinned** — components of kind ``other`` (unrecognised parameters are never silently treated as
-   low-importance) and every key in ``pinned``: sent every step, whatever their score;
+   low-importance), of kind ``fresh`` (freshly initialised parameters, see
+   :func:`igpolicy.components.mark_fresh`) and every key in ``pinned``: sent every step, whatever
+   their score;
 2. **important** — the remaining components whose score is at or above the adaptive threshold
    (:func:`igpolicy.thresholds.split_scores`, computed over these remaining components only);
 3. **low** — the rest, split into ``release_period`` phases of equal expected bytes by
@@ -31,7 +33,8 @@ from igpolicy.vocab import ComponentClass, ComponentId, ComponentKind
 
 __all__ = ["build_plan", "profile"]
 
-_RECORDED_SETTINGS = ("importance", "threshold", "pinned")
+_RECORDED_SETTINGS = ("importance", "threshold", "pinned", "policy_defaults")
+_ALWAYS_PINNED = (ComponentKind.OTHER, ComponentKind.FRESH)
 
 
 def _check_inputs(
@@ -104,7 +107,7 @@ def _build(
         raise ValueError(f"profile: settings keys {clash} are recorded by the profiler; use other names")
 
     keys = scores.keys
-    pinned_set |= {k for k in keys if ComponentId.from_key(k).kind == ComponentKind.OTHER}
+    pinned_set |= {k for k in keys if ComponentId.from_key(k).kind in _ALWAYS_PINNED}
     candidates = [k for k in keys if k not in pinned_set]
     if not candidates:
         raise ValueError(
@@ -142,6 +145,10 @@ def _build(
         "num_low": len(low),
     }
     settings["pinned"] = sorted(pinned_set)
+    if low and release_period > 1:
+        # held components get one optimizer step per release; catch-up restores their Adam pace
+        # (docs/runtime.md); a default of plans profiled from now on (SyncPlan.policy_defaults)
+        settings["policy_defaults"] = {"catch_up": True}
     plan = SyncPlan(
         release_period=release_period,
         components=tuple(components),
@@ -179,7 +186,8 @@ def build_plan(
     ``expected_bytes`` maps every component key to the bytes it puts on the wire per release (used to
     balance the low components' phases, each in [0, release_period)). ``settings`` is recorded in the
     plan next to what the profiler records itself (``importance`` weights and window, ``threshold``
-    method, parameters and value, ``pinned``); ``source`` says where the statistics came from.
+    method, parameters and value, ``pinned``, and ``policy_defaults``: ``catch_up`` on when there are
+    low components and R > 1); ``source`` says where the statistics came from.
 
     Raises ValueError when ``expected_bytes`` or ``pinned`` do not match the scored keys, a key is
     malformed, the method or its parameters are bad, or every component is pinned.

@@ -34,7 +34,7 @@ from igpolicy.choice import choose_collective
 from igpolicy.config import PolicyConfig
 from igpolicy.decide import StepDecision
 from igpolicy.vocab import CollectiveKind, ParamInfo
-from igpolicy.wire import BOUNDED_SPARSIFIERS, COUNT_BYTES, encoded_pairs_bytes, param_k
+from igpolicy.wire import BOUNDED_SPARSIFIERS, COUNT_BYTES, config_k, encoded_pairs_bytes
 
 __all__ = [
     "DDP_FIRST_BUCKET_CAP_BYTES",
@@ -325,7 +325,7 @@ def build_step_plan(
     if integration not in INTEGRATIONS:
         raise ValueError(f"integration {integration!r} is not one of {', '.join(INTEGRATIONS)}")
     infos = {p.name: p for p in params}
-    ks = {p.name: param_k(p, sparse=config.sparse, density_for=config.density_for) for p in params}
+    ks = {p.name: config_k(p, config) for p in params}
     if integration == "ddp-hook":
         if ddp_bucket_names is None:
             raise ValueError("integration 'ddp-hook' needs DDP's bucket assignment (ddp_bucket_names)")

@@ -50,6 +50,7 @@ class ComponentKind(str, enum.Enum):
     ROUTER = "router"  # MoE gate / router
     NORM = "norm"
     HEAD = "head"  # LM head, classifier, pooler
+    FRESH = "fresh"  # freshly initialised parameters (a new task head): always sent, never low
     OTHER = "other"  # unrecognised: reported, never silently treated as low-importance
 
 

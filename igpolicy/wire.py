@@ -32,9 +32,11 @@ __all__ = [
     "COUNT_BYTES",
     "HEADER_BYTES",
     "PairsLayout",
+    "config_k",
     "encoded_pairs_bytes",
     "nominal_k",
     "pairs_layout",
+    "pairs_of",
     "param_k",
 ]
 
@@ -51,14 +53,31 @@ def nominal_k(numel: int, density: float) -> int:
     return min(numel, max(1, math.ceil(density * numel - 1e-9)))
 
 
-def param_k(param: ParamInfo, *, sparse: bool, density_for) -> int | None:
-    """Nominal k of one parameter (its kind's density), or None when the policy sends dense values.
+def param_k(param: ParamInfo, *, sparse: bool, density_for, dense_small_numel: int = 0) -> int | None:
+    """Nominal k of one parameter (its kind's density), or None when every entry travels.
 
     ``density_for`` maps a component kind ("attn_q", ...) to its density (``PolicyConfig.density_for``).
+    None for a dense policy, and for a parameter of at most ``dense_small_numel`` entries
+    (``PolicyConfig.dense_small_numel``: biases and norm weights send all their entries, as pairs
+    inside a sparse gather or as values inside a dense all-reduce).
     """
-    if not sparse:
+    if not sparse or (dense_small_numel > 0 and param.numel <= dense_small_numel):
         return None
     return nominal_k(param.numel, density_for(ComponentId.from_key(param.component).kind.value))
+
+
+def config_k(param: ParamInfo, config) -> int | None:
+    """:func:`param_k` under a :class:`igpolicy.config.PolicyConfig` (the one call every planner makes)."""
+    return param_k(
+        param, sparse=config.sparse, density_for=config.density_for,
+        dense_small_numel=config.dense_small_numel,
+    )  # fmt: skip
+
+
+def pairs_of(param: ParamInfo, config) -> int:
+    """Entries ``param`` puts on the wire when it sends under a sparse ``config`` (k, or numel)."""
+    k = config_k(param, config)
+    return param.numel if k is None else k
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,6 +12,7 @@ so DDP really splits the model into several buckets and rebuilds them after step
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,15 @@ def _cases():
 
 
 CASES = list(_cases())
+# issue 15's method options on: small vectors sent whole, a warm-up, a fresh component (ln_f stands
+# in for a new head), through the same step plans; (name, integration, policy, collective, options)
+METHOD = {"dense_small_numel": 128, "warmup_steps": 2, "fresh_patterns": ("transformer.ln_f.*",)}
+METHOD_CASES = [
+    ("method-sync-importance-auto", "sync", "importance", "auto", METHOD),
+    ("method-ddp-hook-importance-sparse", "ddp-hook", "importance", "sparse", METHOD),
+    ("method-deepspeed-importance-sparse", "deepspeed", "importance", "sparse", METHOD),
+    ("method-sync-topk-sparse", "sync", "topk", "sparse", {"dense_small_numel": 128}),
+]
 
 
 def _train_all(ctx, root: str) -> int:
@@ -71,7 +81,21 @@ def _train_all(ctx, root: str) -> int:
             ddp_bucket_cap_mb=0.02 if integration == "ddp-hook" else None,
         )  # fmt: skip
         train_on_rank(ctx, options, workload=make_workload("gpt", tiny=True, seed=0))
-    return len(CASES)
+    for name, integration, policy, collective, extra in METHOD_CASES:
+        config = PolicyConfig(
+            policy=policy, density=0.05, collective=collective, release_period=PERIOD, num_buckets=3, **extra
+        )
+        fresh_infos = build_param_infos(
+            named_parameters(make_workload("gpt", tiny=True, seed=0).model), fresh=config.fresh_patterns
+        )
+        options = TrainOptions(
+            workload="gpt", tiny=True, config=config, steps=STEPS, batch_size=4, integration=integration,
+            plan=_plan(fresh_infos) if policy == "importance" else None, evaluate=False, progress=False,
+            record_trace=True, out=str(Path(root) / name),
+            ddp_bucket_cap_mb=0.02 if integration == "ddp-hook" else None,
+        )  # fmt: skip
+        train_on_rank(ctx, options, workload=make_workload("gpt", tiny=True, seed=0))
+    return len(CASES) + len(METHOD_CASES)
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +123,27 @@ def test_replay_matches_the_run_op_for_op(runs, integration, policy, collective)
         assert max(r["predicted_num_collectives"] for r in rep.rows[1:]) > 1
 
 
+@pytest.mark.parametrize("case", METHOD_CASES, ids=[c[0] for c in METHOD_CASES])
+def test_replay_matches_the_run_with_the_method_options(runs, case):
+    import csv
+
+    name, integration, policy, _, extra = case
+    rep = replay_run(runs / name)
+    s = rep.summary
+    assert s["integration"] == integration and s["steps"] == STEPS
+    assert s["bytes_exact"], s["byte_mismatches"][:5]
+    assert s["ops_exact"], s["op_mismatch_steps"]
+    with (runs / name / "ops.csv").open() as f:
+        ops = list(csv.DictReader(f))
+    if policy == "importance":  # the warm-up sends every component: more than any later step
+        per_step = [sum(int(r["values_bytes"]) + int(r["dense_bytes"]) for r in ops
+                        if int(r["step"]) == t and r["rank"] == "0") for t in range(STEPS)]  # fmt: skip
+        w = extra["warmup_steps"]
+        assert min(per_step[:w]) > max(per_step[w:]), per_step
+    plan = json.loads((runs / name / "summary.json").read_text())["config"]
+    assert plan["dense_small_numel"] == 128
+
+
 def test_the_suite_covers_both_kinds_of_collective(runs):
     """Across the cases, sparse gathers, dense all-reduces and count exchanges all ran."""
     import csv
@@ -122,8 +167,6 @@ def test_bad_run_folders_are_one_clear_error(runs, tmp_path):
     src = runs / "sync-topk-sparse"
     broken = tmp_path / "old"
     broken.mkdir()
-    import json
-
     summary = json.loads((src / "summary.json").read_text())
     (broken / "summary.json").write_text(json.dumps({**summary, "summary_format": "igrt-train/1"}))
     with pytest.raises(ValueError, match="another version"):

@@ -10,12 +10,13 @@ at the trace's density unless ``density`` is given.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from igpolicy.components import mark_fresh
 from igpolicy.decide import nominal_k
-from igpolicy.importance import ImportanceScores, component_stats_from_params
+from igpolicy.importance import ImportanceConfig, ImportanceScores, component_stats_from_params
 from igpolicy.plan import SyncPlan
 from igpolicy.profile import profile
 from igpolicy.thresholds import ThresholdResult
@@ -35,9 +36,14 @@ def profile_trace(
     window: tuple[int, int] | None = None,
     density: float | None = None,
     complete_prefix: bool = False,
+    fresh: Sequence[str] = (),
+    importance: ImportanceConfig | None = None,
 ) -> tuple[SyncPlan, ImportanceScores, ThresholdResult]:
     """Profile ``trace_dir``; returns (SyncPlan, ImportanceScores, ThresholdResult).
 
+    ``fresh``: fresh patterns (:func:`igpolicy.components.mark_fresh`): those parameters form the
+    always-pinned component ``fresh``; recorded in the plan's ``source``. ``importance``: how
+    statistics become scores (None: :class:`igpolicy.importance.ImportanceConfig`'s defaults).
     An incomplete trace (a recording that stopped mid-way) is refused unless ``complete_prefix``,
     which profiles the steps before its first incomplete one; the plan's ``source`` then says
     where the trace was cut (``truncated_at``).
@@ -56,6 +62,7 @@ def profile_trace(
     manifest = trace.manifest
     series = {c: trace.per_param_series(c) for c in ("sel_norm", "overlap", "k", "grad_norm")}
     present = [p for p in sorted(manifest.params, key=lambda p: p.order) if p.name in series["k"]]
+    present = mark_fresh(present, fresh)
     if not present:
         raise ValueError(f"{trace_dir}: the trace has no parameter rows")
     names = [p.name for p in present]
@@ -72,6 +79,7 @@ def profile_trace(
         stats=stats,
         expected_bytes=expected,
         release_period=int(release_period),
+        importance=importance,
         method=method,
         method_params=dict(method_params) if method_params else None,
         source={
@@ -83,5 +91,6 @@ def profile_trace(
             "window": list(window) if window else None,
             "num_steps": trace.num_steps,
             **({"truncated_at": trace.truncated_at} if trace.truncated_at is not None else {}),
+            **({"fresh_patterns": list(fresh)} if fresh else {}),
         },
     )

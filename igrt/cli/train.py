@@ -62,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", choices=POLICIES, default=None, help="sync policy (or 'policy' in --config)")
     p.add_argument("--plan", type=Path, default=None, help="SyncPlan JSON (required by --policy importance)")
     ranks = p.add_argument(
-        "--ranks", dest="nproc", type=int, default=2, help="ranks to spawn (ignored under torchrun; default 2)"
+        "--ranks", dest="nproc", type=int, default=2, metavar="N", help="ranks to spawn (ignored under torchrun; default 2)"
     )
     add_deprecated_alias(p, "--nproc", ranks)
     p.add_argument(
@@ -97,13 +97,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="scale each update by the steps its gradient carries (Adam-family optimizers; see docs/runtime.md)",
     )
+    p.add_argument(
+        "--fresh",
+        action="append",
+        default=None,
+        metavar="PATTERN",
+        help="freshly initialised parameters (module name or glob; 'auto': classifier, score, qa_outputs) "
+        "form the always-sent component 'fresh'; repeatable; the plan must be profiled with the same",
+    )
+    p.add_argument(
+        "--dense-small",
+        type=int,
+        default=None,
+        metavar="N",
+        help="parameters of at most N entries (biases, norms) send every entry when they send (0: off; e.g. 4096)",
+    )
+    p.add_argument(
+        "--sync-warmup-steps",
+        type=int,
+        default=None,
+        metavar="W",
+        help="every component sends on each of the first W steps, then the release schedule starts (0: off)",
+    )
     p.add_argument("--tiny", action="store_true", help="tiny random-init model (tests, smoke runs)")
     p.add_argument("--seed", type=int, default=0, help="model, data and sparsifier seed (default 0)")
     p.add_argument(
         "--batch-size", type=int, default=16, help="examples per rank per micro-batch (default 16)"
     )
     accum = p.add_argument(
-        "--grad-accum-steps", dest="grad_accum", type=int, default=1, help="micro-batches per optimizer step (default 1)"
+        "--grad-accum-steps",
+        dest="grad_accum",
+        type=int,
+        default=1,
+        metavar="A",
+        help="micro-batches per optimizer step (default 1)",
     )
     add_deprecated_alias(p, "--grad-accum", accum)
     p.add_argument(
@@ -128,7 +155,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", type=Path, default=None, help="output directory (default runs/WORKLOAD-POLICY)")
     timeout = p.add_argument(
-        "--timeout-s", dest="timeout", type=float, default=600.0, help="collective timeout in seconds (default 600)"
+        "--timeout-s", dest="timeout", type=float, default=600.0, metavar="S", help="collective timeout in seconds (default 600)"
     )
     add_deprecated_alias(p, "--timeout", timeout)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -166,6 +193,9 @@ def policy_config(args: argparse.Namespace) -> PolicyConfig:
         ("release_period", args.release_period),
         ("packing", args.packing),
         ("catch_up", args.catch_up),
+        ("fresh_patterns", args.fresh),
+        ("dense_small_numel", args.dense_small),
+        ("warmup_steps", args.sync_warmup_steps),
         ("collective", args.collective),
         ("sparsifier", args.sparsifier),
     ):
@@ -204,7 +234,7 @@ def workload_spec(args: argparse.Namespace):
 
 def options_from_args(args: argparse.Namespace):
     """TrainOptions from parsed arguments (ValueError for bad combinations)."""
-    from igpolicy.plan import SyncPlan
+    from igpolicy.plan import SyncPlan, apply_policy_defaults
     from igrt.train.loop import TrainOptions
 
     workload, spec = workload_spec(args)
@@ -215,6 +245,10 @@ def options_from_args(args: argparse.Namespace):
         with reading(args.plan, "--plan"):
             plan = SyncPlan.load(args.plan)
         check_count(plan.release_period, what=f"--plan {args.plan}: release_period", limit="MAX_RELEASE_PERIOD")
+        # a plan's recommended settings (catch_up for plans profiled since it was recorded), unless set
+        explicit = set(_read_config(args.config)) if args.config else set()
+        explicit |= {"catch_up"} if args.catch_up is not None else set()
+        config = apply_policy_defaults(config, plan, explicit=explicit)
     out = args.out if args.out is not None else Path("runs") / f"{workload}-{config.policy}"
     check_count(args.nproc, what="--ranks", limit="MAX_LOCAL_RANKS")
     check_count(args.steps, what="--steps", limit="MAX_TRAIN_STEPS")

@@ -20,7 +20,9 @@ __all__ = ["build_param_infos", "default_sparsifier", "fingerprint_parts", "name
 _FP_LEN = 16
 # PolicyConfig keys added after the igsync/1 state format, with their defaults: left out of the
 # config digest at their default value, so a checkpoint written before them still resumes
-_ADDED_KEYS = {"catch_up": False, "nonfinite": "skip"}
+_ADDED_KEYS = {
+    "catch_up": False, "nonfinite": "skip", "fresh_patterns": [], "dense_small_numel": 0, "warmup_steps": 0,
+}  # fmt: skip
 
 
 def named_parameters(model_or_named: Any) -> list[tuple[str, torch.nn.Parameter]]:
@@ -36,11 +38,14 @@ def named_parameters(model_or_named: Any) -> list[tuple[str, torch.nn.Parameter]
     return out
 
 
-def build_param_infos(named: Sequence[tuple[str, torch.Tensor]]) -> list[ParamInfo]:
-    """ParamInfo per parameter via :func:`igpolicy.components.param_infos` (name → component)."""
+def build_param_infos(named: Sequence[tuple[str, torch.Tensor]], *, fresh: Sequence[str] = ()) -> list[ParamInfo]:
+    """ParamInfo per parameter via :func:`igpolicy.components.param_infos` (name → component;
+    ``fresh``: fresh patterns, ``PolicyConfig.fresh_patterns``)."""
     from igpolicy.components import param_infos
 
-    return list(param_infos([(n, tuple(p.shape), str(p.dtype).removeprefix("torch.")) for n, p in named]))
+    return list(
+        param_infos([(n, tuple(p.shape), str(p.dtype).removeprefix("torch.")) for n, p in named], fresh=fresh)
+    )
 
 
 def default_sparsifier(config: PolicyConfig) -> Sparsifier:

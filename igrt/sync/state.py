@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from igpolicy.components import mark_fresh
 from igpolicy.config import PolicyConfig
 from igpolicy.decide import StepDecision, payload_blocks, release_phases
 from igpolicy.packing import pack
@@ -82,7 +83,10 @@ class SyncState:
         if not named:
             raise ValueError("Synchronizer: the model has no parameters that require grad")
         self.params: dict[str, torch.nn.Parameter] = dict(named)
-        infos = list(param_infos) if param_infos is not None else build_param_infos(named)
+        if param_infos is not None:
+            infos = mark_fresh(list(param_infos), config.fresh_patterns)
+        else:
+            infos = build_param_infos(named, fresh=config.fresh_patterns)
         if [i.name for i in infos] != [n for n, _ in named] and sorted(i.name for i in infos) != sorted(
             self.params
         ):
@@ -154,12 +158,13 @@ class SyncState:
         gave it (1 = it sent on the previous step too); parameters without a gradient are absent."""
         return dict(self._scales)
 
-    def note_sent(self, names: Iterable[str], step: int) -> None:
-        """Record that ``names`` got a gradient applied at ``step`` (sets :meth:`update_scales`)."""
+    def note_sent(self, names: Iterable[str], step: int, *, scale: bool = True) -> None:
+        """Record that ``names`` got a gradient applied at ``step`` (sets :meth:`update_scales`;
+        ``scale=False``: every scale is 1, as for the flush, which catch-up never rescales)."""
         self._check_attached()
         self._scales = {}
         for n in names:
-            self._scales[n] = max(1, step - self.last_sent[n])
+            self._scales[n] = max(1, step - self.last_sent[n]) if scale else 1
             self.last_sent[n] = step
 
     def _check_attached(self) -> None:
@@ -236,6 +241,7 @@ class SyncState:
         Whatever ``p.grad`` held is overwritten; parameters whose average is all zero get
         ``grad = None`` under ``skip_unsent``. Residuals are zero afterwards (Σg == Σsent). Does not
         advance the step counter. Every rank must call it. Its ops are :func:`igpolicy.step_plan.flush_plan`'s.
+        Catch-up (``config.catch_up``) does not rescale the flush's update (every scale is 1).
         """
         self._check_attached()
         run = StepRun(step=self.step_index, timer=PhaseTimer(sync_cuda=self.sync_cuda_timing), count_low=False)
@@ -255,7 +261,8 @@ class SyncState:
         with run.timer.phase("scatter"):
             for name, p in self.params.items():
                 _set_grad(p, results.get(name), skip_unsent=self.config.skip_unsent)
-        self.note_sent([n for n in self.params if results.get(n) is not None], self.step_index - 1)
+        # the flush's update is never rescaled: it carries what was held, not a release on its phase
+        self.note_sent([n for n in self.params if results.get(n) is not None], self.step_index - 1, scale=False)
         return self._record(run, extra={"flush": 1.0})
 
     # ------------------------------------------------------------------ checkpoints

@@ -152,7 +152,7 @@ class _RankRun:
 
         self.ctx, self.o, self.w = ctx, options, workload
         self.model = workload.model.to(ctx.device)
-        infos = build_param_infos(named_parameters(self.model))
+        infos = build_param_infos(named_parameters(self.model), fresh=options.config.fresh_patterns)
         if options.plan is not None:
             check_plan(options.plan, infos, where=options.plan_path or "SyncPlan")
         torch.manual_seed(rank_seed(options.seed, ctx.rank))
@@ -677,7 +677,9 @@ def preflight(options: TrainOptions) -> None:
 
     w = make_workload(options.workload, tiny=options.tiny, seed=options.seed, spec=options.spec)
     check_plan(
-        options.plan, build_param_infos(named_parameters(w.model)), where=options.plan_path or "SyncPlan"
+        options.plan,
+        build_param_infos(named_parameters(w.model), fresh=options.config.fresh_patterns),
+        where=options.plan_path or "SyncPlan",
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from igpolicy.importance import SIZE_NORMS, ImportanceConfig
 from igpolicy.vocab import ComponentClass
 from igsim.cli.options import format_plan_table, parse_window
 from traces.profiling import profile_trace
@@ -37,6 +38,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--complete-prefix",
         action="store_true",
         help="profile an incomplete trace (a recording that stopped mid-way) up to its first incomplete step",
+    )
+    p.add_argument(
+        "--fresh",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="freshly initialised parameters (module name or glob; 'auto': classifier, score, qa_outputs) "
+        "form the always-pinned component 'fresh'; repeatable; train with the same --fresh",
+    )
+    p.add_argument(
+        "--size-norm",
+        choices=SIZE_NORMS,
+        default="numel",
+        help="selected norm per sqrt(numel) (default, the prototype's) or per sqrt(selected entries): "
+        "a row-sparse embedding is not diluted by its untouched rows",
     )
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
 
@@ -66,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         release_period=args.release_period,
         window=window,
         complete_prefix=args.complete_prefix,
+        fresh=tuple(args.fresh),
+        importance=ImportanceConfig(size_norm=args.size_norm),
     )
     if "truncated_at" in plan.source:
         print(

@@ -150,9 +150,9 @@ class PlanSource:
 
     def layout(self, step: int) -> PlanLayout:
         which = -1 if self.assignments is None else (0 if step == 0 else 1)
-        key = (step % self.planner.period if step >= 1 or which == -1 else -1, which)
+        key = (self.planner.slot(step) if step >= 1 or which == -1 else None, which)
         lay = self._cache.get(key)
-        if lay is None or step < 2 * self.planner.period:
+        if lay is None or step < self.planner.warmup + 2 * self.planner.period:
             plan = self.planner.plan(step, ddp_bucket_names=self.ddp_bucket_names(step))
             lay = _layout(plan, self.index_of, self.low_mask)
             self._cache[key] = lay

@@ -36,12 +36,13 @@ from typing import Any
 
 import numpy as np
 
+from igpolicy.components import mark_fresh
 from igpolicy.config import PolicyConfig
 from igpolicy.decide import release_phases
 from igpolicy.plan import SyncPlan
 from igpolicy.step_plan import DDP_FIRST_BUCKET_CAP_BYTES, INTEGRATIONS, OpKind, WireTally, op_bytes
 from igpolicy.vocab import ComponentId, ParamInfo, StepMetrics
-from igpolicy.wire import BOUNDED_SPARSIFIERS, COUNT_BYTES, encoded_pairs_bytes, nominal_k
+from igpolicy.wire import BOUNDED_SPARSIFIERS, COUNT_BYTES, config_k, encoded_pairs_bytes, nominal_k
 from igsim.collectives.costs import CostCache
 from igsim.step.decisions import PlanLayout, PlanSource
 from igsim.step.results import SPAN_KINDS, SimResult
@@ -134,9 +135,9 @@ class _Run:
         self.workload, self.config, self.plan, self.integration = workload, config, plan, integration
         self.num_steps, self.seed, self.mode, self.jitter = num_steps, seed, mode, jitter
         self.world_size = p = len(topology.ranks)
-        params = workload.params
+        params = mark_fresh(workload.params, config.fresh_patterns)  # the runtime's components
         phases = release_phases(plan=plan, config=config, component_keys=[q.component for q in params])
-        self.k_matrix, self.k_source = _k_matrix(workload, config, world_size=p)
+        self.k_matrix, self.k_source = _k_matrix(workload, config, world_size=p, params=params)
         first_ready = workload.ready_since_backward(0) if integration == "ddp-hook" else None
         self.source = PlanSource(
             config=config, params=params, world_size=p, phases=phases, integration=integration,
@@ -277,14 +278,14 @@ def _kind(param: ParamInfo) -> str:
     return ComponentId.from_key(param.component).kind.value
 
 
-def _k_matrix(workload: Workload, config: PolicyConfig, *, world_size: int) -> tuple[np.ndarray, str]:
+def _k_matrix(workload: Workload, config: PolicyConfig, *, world_size: int, params) -> tuple[np.ndarray, str]:
     """Selected entries per (recorded step, [rank,] param): a run's own per-rank counts when the
     workload carries them for this world size, the workload's when recorded at this density,
     else nominal."""
     numel = workload.numel
     kr = workload.k_by_rank
     if kr is not None and kr.shape[1] == world_size:
-        return kr, "run"
+        return _whole(kr, workload, config, params), "run"
     if (
         workload.k is not None
         and config.sparse
@@ -292,11 +293,25 @@ def _k_matrix(workload: Workload, config: PolicyConfig, *, world_size: int) -> t
         and not config.density_per_kind
         and math.isclose(workload.k_density, config.density, rel_tol=1e-9)
     ):
-        return workload.k, "trace"
+        return _whole(workload.k, workload, config, params), "trace"
     nominal = np.array(
-        [nominal_k(int(n), config.density_for(_kind(p))) for n, p in zip(numel, workload.params)]
+        [nominal_k(int(n), config.density_for(_kind(p))) for n, p in zip(numel, params)]
     )
-    return np.broadcast_to(nominal.astype(np.int64), (workload.num_recorded_steps, len(numel))), "nominal"
+    nominal = np.broadcast_to(nominal.astype(np.int64), (workload.num_recorded_steps, len(numel)))
+    return _whole(nominal, workload, config, params), "nominal"
+
+
+def _whole(k: np.ndarray, workload: Workload, config: PolicyConfig, params) -> np.ndarray:
+    """``k`` with every parameter that sends all its entries (``config_k`` None, e.g. within
+    ``dense_small_numel``) at its numel, as the runtime's selection does."""
+    if not config.sparse:
+        return k
+    whole = [i for i, p in enumerate(params) if config_k(p, config) is None]
+    if not whole:
+        return k
+    k = np.array(k, dtype=np.int64, copy=True)
+    k[..., whole] = np.asarray(workload.numel, dtype=np.int64)[whole]
+    return k
 
 
 # every numeric StepMetrics field, as a column ("extra" and the string fields are not stored)
