@@ -29,13 +29,14 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from igpolicy.cli_outputs import claim_output_dir
+from igpolicy.cli_outputs import LOCK_NAME, claim_output_dir
 from igpolicy.cli_util import add_deprecated_alias
 from igpolicy.units import format_bandwidth, parse_bandwidth
 from igrt.testbed import namespaces as testbed
@@ -195,6 +196,27 @@ def _subprocess(cmd: list[str], *, what: str) -> None:
         raise ValueError(f"{what} failed (exit {proc.returncode}): {shlex.join(cmd)}\n{tail}")
 
 
+def claim_out(out: Path, *, overwrite: bool, reuse: bool) -> list[Path]:
+    """Claim ``--out`` (:func:`igpolicy.cli_outputs.claim_output_dir`); with ``overwrite`` and
+    ``reuse`` (a step validation), the trace and plan :func:`prepare_steps` reuses are kept while
+    everything else goes. Returns the paths kept."""
+    steps, keep = out / "steps", []
+    if overwrite and reuse and not steps.is_symlink() and (steps / "trace" / "manifest.json").is_file():
+        keep = [p for p in (steps / "trace", steps / "plan.json") if p.exists() and not p.is_symlink()]
+    if not keep or not (out / LOCK_NAME).is_file():  # a folder no command wrote: the usual refusal
+        claim_output_dir(out, overwrite=overwrite, flag="--out")
+        return []
+    claim_output_dir(out, overwrite=False, continue_in_place=True, flag="--out")  # the lock, nothing removed
+    for p in [*out.iterdir(), *steps.iterdir()]:
+        if p in (out / LOCK_NAME, steps, *keep):
+            continue
+        try:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        except OSError as e:
+            raise ValueError(f"--out {out}: cannot remove {p} ({e.strerror or e})") from None
+    return keep
+
+
 def prepare_steps(steps_dir: Path, *, workload: str, steps: int, tiny: bool) -> None:
     """A trace of ``workload`` (igrt record on loopback: the trace is about gradients, not the
     network) and the SyncPlan profiled from it (igsim profile, a subprocess); kept if present."""
@@ -276,7 +298,9 @@ def run(args: argparse.Namespace) -> int:
     max_bytes = int(_bottleneck_bytes_per_s(spec) * (0.4 if args.quick else 0.8))
     cases = plan_cases(spec.num_ranks, max_bytes=max_bytes, quick=args.quick)
     out = Path(args.out)
-    claim_output_dir(out, overwrite=args.overwrite, flag="--out")  # locked until the command ends
+    kept = claim_out(out, overwrite=args.overwrite, reuse=bool(args.steps))  # locked until the command ends
+    if kept:
+        print(f"igrt validate: --overwrite keeps {' and '.join(map(str, kept))} for reuse (delete them to record anew)")
     roles = {r: sum(c["role"] == r for c in cases) for r in ("calibration", "validation")}
     slow = spec.slow_rank
     print(

@@ -189,3 +189,78 @@ def test_igrt_train_out_that_is_a_file_is_refused(tmp_path, capsys) -> None:
     assert igrt_main([*TRAIN, "--out", str(f)]) == 2
     _one_line_error(capsys, str(f), "not a folder")
     assert f.read_text() == "root:x:0:0\n"
+
+
+# ----------------------------------------------------------------------------- igrt validate --overwrite
+def _validate_folder(out: Path) -> None:
+    """A folder as an earlier ``igrt validate --steps N`` leaves it (written under its lock)."""
+    with command_scope():
+        claim_output_dir(out, overwrite=False, flag="--out")
+    (out / "steps" / "trace").mkdir(parents=True)
+    (out / "steps" / "trace" / "manifest.json").write_text("{}")
+    (out / "steps" / "trace" / "params-r000-000001.parquet").write_bytes(b"recorded")
+    (out / "steps" / "plan.json").write_text("{}")
+    (out / "steps" / "real_topk").mkdir()
+    (out / "steps" / "real_topk" / "metrics.csv").write_text("step\n")
+    (out / "measurements.json").write_text("{}")
+    (out / "report.json").write_text("{}")
+
+
+def _tree(out: Path) -> set[str]:
+    return {str(p.relative_to(out)) for p in out.rglob("*")}
+
+
+def test_validate_overwrite_keeps_the_trace_it_reuses(tmp_path) -> None:
+    """``--overwrite`` of a step validation removes the old measurements, reports and training runs
+    but keeps ``steps/trace`` and ``steps/plan.json``, which the run reuses (they used to be deleted
+    with the rest, so the reuse could never happen); the folder stays locked for the run."""
+    from igrt.cli.validate import claim_out
+
+    out = tmp_path / "val"
+    _validate_folder(out)
+    with command_scope():
+        kept = claim_out(out, overwrite=True, reuse=True)
+        assert kept == [out / "steps" / "trace", out / "steps" / "plan.json"]
+        assert _tree(out) == {LOCK_NAME, "steps", "steps/trace", "steps/trace/manifest.json",
+                              "steps/trace/params-r000-000001.parquet", "steps/plan.json"}  # fmt: skip
+        assert (out / "steps" / "trace" / "params-r000-000001.parquet").read_bytes() == b"recorded"
+        with pytest.raises(ValueError, match="--out"):  # held: a second run is refused
+            claim_output_dir(out, overwrite=True, flag="--out")
+    with command_scope():  # no step validation: nothing to reuse, everything goes
+        assert claim_out(out, overwrite=True, reuse=False) == []
+    assert _tree(out) == {LOCK_NAME}
+
+
+def test_validate_overwrite_of_a_foreign_folder_still_refuses(tmp_path) -> None:
+    from igrt.cli.validate import claim_out
+
+    out = tmp_path / "mine"
+    (out / "steps" / "trace").mkdir(parents=True)
+    (out / "steps" / "trace" / "manifest.json").write_text("{}")
+    with command_scope(), pytest.raises(ValueError, match="no igrt/igsim command wrote"):
+        claim_out(out, overwrite=True, reuse=True)
+    assert (out / "steps" / "trace" / "manifest.json").is_file() and not (out / LOCK_NAME).exists()
+
+
+def test_igrt_validate_overwrite_reuses_the_recorded_trace(tmp_path, monkeypatch, capsys) -> None:
+    """The command end to end up to the testbed (stopped there): the kept trace and plan are
+    reused, nothing is recorded or profiled again."""
+    import igrt.cli.validate as validate
+
+    out = tmp_path / "val"
+    _validate_folder(out)
+
+    def no_subprocess(cmd, *, what):
+        raise AssertionError(f"{what} although the trace and plan were kept")
+
+    def stop(*args, **kwargs):
+        raise ValueError("stopped before the testbed")
+
+    monkeypatch.setattr(validate, "_subprocess", no_subprocess)
+    monkeypatch.setattr(validate, "measure_on_testbed", stop)
+    code = igrt_main(["validate", "--steps", "2", "--tiny", "--overwrite", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 2 and "stopped before the testbed" in captured.err, captured.err
+    assert "keeps" in captured.out and str(out / "steps" / "trace") in captured.out
+    assert (out / "steps" / "trace" / "params-r000-000001.parquet").read_bytes() == b"recorded"
+    assert not (out / "measurements.json").exists() and not (out / "steps" / "real_topk").exists()
