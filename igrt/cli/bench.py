@@ -92,7 +92,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--warmup", type=int, default=2, help="first steps left out of times and bytes (default 2)"
     )
-    ranks = p.add_argument("--ranks", dest="nproc", type=int, default=2, help="ranks to spawn (default 2)")
+    ranks = p.add_argument("--ranks", dest="nproc", type=int, default=2, metavar="N", help="ranks to spawn (default 2)")
     add_deprecated_alias(p, "--nproc", ranks)
     p.add_argument(
         "--rounds", type=int, default=1, help="rounds over every method, paired; medians shown (default 1)"
@@ -118,7 +118,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"comma-separated methods among {', '.join(PEERS + BENCH_POLICIES)} (default: all but dense)",
     )
     timeout = p.add_argument(
-        "--timeout-s", dest="timeout", type=float, default=1800.0, help="collective timeout in seconds (default 1800)"
+        "--timeout-s",
+        dest="timeout",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="collective timeout in seconds (default 1800)",
     )
     add_deprecated_alias(p, "--timeout", timeout)
 

@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps to record (default 100)")
     ranks = parser.add_argument(
-        "--ranks", dest="nproc", type=int, default=2, help="ranks to spawn (ignored under torchrun; default 2)"
+        "--ranks", dest="nproc", type=int, default=2, metavar="N", help="ranks to spawn (ignored under torchrun; default 2)"
     )
     add_deprecated_alias(parser, "--nproc", ranks)
     parser.add_argument(
@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-eval", action="store_true", help="skip the held-out evaluation before and after"
     )
     timeout = parser.add_argument(
-        "--timeout-s", dest="timeout", type=float, default=600.0, help="collective timeout in seconds (default 600)"
+        "--timeout-s", dest="timeout", type=float, default=600.0, metavar="S", help="collective timeout in seconds (default 600)"
     )
     add_deprecated_alias(parser, "--timeout", timeout)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -25,6 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     rate = p.add_argument(
         "--bandwidth",
         dest="rate",
+        metavar="RATE",
         default="100Mbit",
         help="per-rank link rate with a unit, both directions, e.g. 100Mbit, 1Gbit/s (default 100Mbit)",
     )
@@ -32,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     uplink = p.add_argument(
         "--uplink-bandwidth",
         dest="uplink_rate",
+        metavar="RATE",
         default=None,
         help="rate of the inter-bridge link, with a unit (default: --bandwidth)",
     )
@@ -39,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     slow = p.add_argument(
         "--slow-bandwidth",
         dest="slow_rate",
+        metavar="RATE",
         default=None,
         help="rate of the slow NIC with --hetero, with a unit (default: --bandwidth / 4)",
     )
