@@ -514,7 +514,8 @@ def run_phase(out: Path, *, nproc: int, steps: int, seed: int, segment_steps: in
         launch(_rank_entry, nproc=nproc, backend="gloo", timeout_s=60.0,
                args=(steps, seed, segment_steps, str(out), checkpoint_every, resume))  # fmt: skip
     except Exception as e:  # a killed rank: the launcher names it and stops the others
-        error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        first = (str(e).splitlines() or [""])[0]
+        error = f"{type(e).__name__}: {first[:100]}" + ("..." if len(first) > 100 else "")
     finally:
         stop.set()
         watcher.join()

@@ -52,7 +52,8 @@ def test_soak_killed_and_resumed_loses_nothing(tmp_path) -> None:
         kills=[(23, [2])], reference=True, phase_timeout_s=240.0,
     )  # fmt: skip
     killed, resumed = phases[0], phases[1]
-    assert killed.killed == "rank 2" and killed.killed_at >= 23 and "SIGKILL" in killed.error
+    # the launcher raised: for the killed rank, or for a survivor whose collective failed first
+    assert killed.killed == "rank 2" and killed.killed_at >= 23 and killed.error.startswith("RuntimeError")
     assert resumed.started_at in (16, 24) and resumed.started_at <= killed.killed_at
     for r in results.values():
         assert r.steps == CRASH_STEPS and r.segments == CRASH_STEPS // SEGMENT_STEPS
