@@ -109,7 +109,8 @@ def test_kill_9_of_igrt_record_keeps_every_committed_step(tmp_path, capsys) -> N
     with pytest.raises(TraceError) as info:
         read_trace(out)
     message = str(info.value)
-    assert message.startswith(str(out / "params-r001-")) and "has params rows but no steps row" in message
+    assert message.startswith(str(out / "parts" / "params" / "params-r001-")), message
+    assert "has params rows but no steps row" in message
     assert "\n" not in message
 
     plan_path = tmp_path / "plan.json"
