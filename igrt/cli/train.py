@@ -95,7 +95,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--catch-up",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="scale each update by the steps its gradient carries (Adam-family optimizers; see docs/runtime.md)",
+        help="scale each update by the steps its gradient carries (Adam-family optimizers; see docs/runtime.md); "
+        "default: on when --plan recommends it (plans profiled since issue 15), else off",
     )
     p.add_argument(
         "--fresh",
