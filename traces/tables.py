@@ -23,16 +23,13 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 
 from traces.reader import read_trace
 from traces.schema import TABLE_SCHEMAS, TABLES, Manifest, TraceError, parse_part_name
-
-if TYPE_CHECKING:
-    import pandas
 
 __all__ = ["TraceTables", "open_trace"]
 
@@ -65,7 +62,7 @@ class TraceTables:
         """Table ``table`` (or only ``columns`` of it) as one ``pyarrow.Table``."""
         return self[table].to_table(columns=columns)
 
-    def to_pandas(self, table: str, *, columns: list[str] | None = None) -> pandas.DataFrame:
+    def to_pandas(self, table: str, *, columns: list[str] | None = None) -> Any:
         """Table ``table`` (or only ``columns`` of it) as a ``pandas.DataFrame``; needs pandas."""
         dataset = self[table]
         if importlib.util.find_spec("pandas") is None:
