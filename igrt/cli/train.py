@@ -96,7 +96,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="scale each update by the steps its gradient carries (Adam-family optimizers; see docs/runtime.md); "
-        "default: on when --plan recommends it (plans profiled since issue 15), else off",
+        "default: on when --plan recommends it (every newly profiled plan with low components and R > 1 does), else off",
     )
     p.add_argument(
         "--fresh",
