@@ -3,11 +3,14 @@
 - :func:`plot_run`: an ``igrt train`` run — training loss, the held-out metric, bytes per step and
   step time, over steps (``OUT/run.png``);
 - :func:`plot_replay`: an ``igsim replay`` — measured against predicted step time, exposed/total
-  communication time and bytes per step (``replay.png``).
+  communication time and bytes per step (``replay.png``);
+- :func:`plot_sweep`: an ``igsim sweep`` / ``igsim demo`` — step time and bytes against bandwidth
+  per policy, a column per world size, y axes shared per row (``sweep.png``);
+- :func:`plot_bench`: an ``igrt bench`` table as bars (``bench.png``).
 
 Inputs are plain sequences (no torch, no igsim/igrt objects), so either package can call them.
 """
 
-from igplot.plots import plot_replay, plot_run
+from igplot.plots import plot_bench, plot_replay, plot_run, plot_sweep
 
-__all__ = ["plot_replay", "plot_run"]
+__all__ = ["plot_bench", "plot_replay", "plot_run", "plot_sweep"]

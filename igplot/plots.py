@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-__all__ = ["plot_replay", "plot_run"]
+__all__ = ["plot_bench", "plot_replay", "plot_run", "plot_sweep"]
 
 MEASURED, PREDICTED, EXTRA, FLOOR = "#1f4e99", "#e07b00", "#2a9d5c", "#888888"
 _RC = {
@@ -249,4 +249,106 @@ def plot_replay(
         import textwrap
 
         a_step.figure.suptitle(title + "\n" + "\n".join(textwrap.wrap(note, 140)), fontsize=9)
+    return _save(fig, path)
+
+
+# one look per policy: colour, line style and marker differ, and the marker shrinks with the order,
+# so a policy whose line lies exactly on another's (Top-k = dense bytes where its buckets fall back
+# to a dense all-reduce) still shows as a ring around it
+_LOOKS = [
+    ("#1f4e99", "-", "o"),
+    ("#e07b00", "--", "s"),
+    ("#2a9d5c", ":", "^"),
+    ("#b0306a", "-.", "D"),
+    ("#6b4fa0", (0, (5, 1)), "v"),
+    ("#8c6d31", (0, (1, 1)), "P"),
+]
+
+
+def _look(i: int) -> dict:
+    color, style, marker = _LOOKS[i % len(_LOOKS)]
+    size = max(3.0, 8.0 - 1.6 * i)
+    return {"color": color, "linestyle": style, "marker": marker, "markersize": size,
+            "markerfacecolor": "none" if i == 0 else color, "linewidth": 1.5, "zorder": 3 + i}  # fmt: skip
+
+
+def plot_sweep(rows: Sequence[dict], path: str | Path, *, title: str = "") -> Path:
+    """A sweep's figure: mean step time (top row) and bytes per rank per step (bottom row) against
+    link bandwidth, one line per policy, one column per world size; log-log axes, and each row
+    shares its y axis so columns compare at a glance. ``rows``: the sweep's result rows
+    (``world_size``, ``policy``, ``bandwidth_bytes_per_s``, ``step_s_mean``, ``wire_bytes``)."""
+    sizes = sorted({int(r["world_size"]) for r in rows})
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    fig, axes = _figure(2, max(len(sizes), 1), width=3.6 * max(len(sizes), 1) + 0.8, height=6.2, title=title)
+    if not rows:
+        _empty(axes[0][0], "no rows")
+        return _save(fig, path)
+    tops = [float(r["step_s_mean"]) for r in rows if r["step_s_mean"] > 0]
+    t_scale, t_unit = _time_unit(np.asarray(tops or [1.0]))
+    b_scale, b_unit = _byte_unit(np.asarray([max(float(r["wire_bytes"]), 1.0) for r in rows]))
+    for j, w in enumerate(sizes):
+        for i, pol in enumerate(policies):
+            pts = sorted((r for r in rows if int(r["world_size"]) == w and r["policy"] == pol),
+                         key=lambda r: r["bandwidth_bytes_per_s"])  # fmt: skip
+            if not pts:
+                continue
+            x = [r["bandwidth_bytes_per_s"] * 8 / 1e9 for r in pts]
+            axes[0][j].plot(x, [r["step_s_mean"] / t_scale for r in pts], label=pol, **_look(i))
+            axes[1][j].plot(x, [max(r["wire_bytes"], 1.0) / b_scale for r in pts], label=pol, **_look(i))
+        axes[0][j].set_title(f"{w} ranks")
+        axes[1][j].set_xlabel("link bandwidth (Gbit/s)")
+        for ax in (axes[0][j], axes[1][j]):
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.grid(True, which="both", alpha=0.3)
+    for row in (0, 1):  # one y range per row: the same scale in every column
+        lo = min(ax.get_ylim()[0] for ax in axes[row])
+        hi = max(ax.get_ylim()[1] for ax in axes[row])
+        for ax in axes[row]:
+            ax.set_ylim(lo, hi)
+    axes[0][0].set_ylabel(f"mean step time ({t_unit})")
+    axes[1][0].set_ylabel(f"bytes per rank per step ({b_unit})")
+    axes[0][0].legend(loc="best")
+    return _save(fig, path)
+
+
+def plot_bench(stats: dict[str, dict[str, float]], path: str | Path, *, title: str = "") -> Path:
+    """``igrt bench``'s table as bars, one per method: bytes per step (log), step time, own time
+    and CPU against plain DDP's. ``stats``: method -> the bench's figures (``bytes_per_step``,
+    ``step_ms``, ``own_ms``, ``cpu_vs_ddp`` where measured)."""
+    methods = list(stats)
+    fig, axes = _figure(2, 2, width=10, height=6.4, title=title)
+    panels = [
+        (axes[0][0], "bytes on the wire per step, per rank", "bytes_per_step", True),
+        (axes[0][1], "step time (slowest rank, median)", "step_ms", False),
+        (axes[1][0], "own time (selection, packing, bookkeeping; no wire)", "own_ms", False),
+        (axes[1][1], "CPU per step vs plain DDP's", "cpu_vs_ddp", False),
+    ]
+    x = np.arange(len(methods))
+    for ax, name, key, log in panels:
+        ax.set_title(name)
+        vals = np.array([float(stats[m].get(key, np.nan)) if m != "ddp" or key != "own_ms" else np.nan for m in methods])
+        if not np.isfinite(vals).any():
+            _empty(ax, "not measured")
+            continue
+        unit = ""
+        if key == "bytes_per_step":
+            scale, unit = _byte_unit(vals[np.isfinite(vals)])
+            vals = vals / scale
+        ours = [m in ("topk", "adtopk", "importance", "dense") for m in methods]
+        ax.bar(x, np.nan_to_num(vals), color=[MEASURED if o else PREDICTED for o in ours], alpha=0.85)
+        for xi, v in zip(x, vals):
+            if np.isfinite(v):
+                ax.annotate(f"{v:.3g}", (xi, v), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=7)
+            else:
+                ax.annotate("-", (xi, 0), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=7)
+        if log:
+            ax.set_yscale("log")
+        if key == "cpu_vs_ddp":
+            ax.axhline(1.0, color=FLOOR, linestyle="--", linewidth=1.0)
+        ax.set_ylabel(unit or ("x DDP" if key == "cpu_vs_ddp" else "ms"))
+        ax.set_xticks(x, methods, rotation=30, ha="right")
+    axes[0][0].bar([], [], color=MEASURED, label="ours")
+    axes[0][0].bar([], [], color=PREDICTED, label="PyTorch's")
+    axes[0][0].legend(loc="best")
     return _save(fig, path)

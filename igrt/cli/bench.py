@@ -113,6 +113,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--record-steps", type=int, default=8, help="steps to record when no trace (default 8)")
     p.add_argument("--seed", type=int, default=0, help="model, data and sparsifier seed (default 0)")
     p.add_argument(
+        "--plot",
+        type=Path,
+        default=Path("bench.png"),
+        metavar="PNG",
+        help="write the table as bar charts to this PNG (default bench.png; checked before the work)",
+    )
+    p.add_argument("--no-plot", action="store_true", help="write no PNG")
+    p.add_argument(
         "--policies",
         default=",".join(DEFAULT_METHODS),
         help=f"comma-separated methods among {', '.join(PEERS + BENCH_POLICIES)} (default: all but dense)",
@@ -561,6 +569,10 @@ def run(args: argparse.Namespace) -> int:
         check_count(getattr(args, name), what=f"--{flag}", limit=limit)
     if not 1 <= args.warmup < args.steps:
         raise ValueError(f"--warmup {args.warmup}: must be >= 1 and below --steps {args.steps}")
+    if not args.no_plot:
+        from igpolicy.cli_outputs import check_output_file
+
+        check_output_file(args.plot, flag="--plot")  # before the work, not after it
     print(f"igrt bench: {prepare_workload(args.workload, tiny=args.tiny, seed=args.seed)}", file=sys.stderr)
     trace = args.trace or _shipped_trace(args.workload, args.tiny)
     plan = None
@@ -636,6 +648,11 @@ def run(args: argparse.Namespace) -> int:
             f"{len(plan.low)} of {len(plan.components)} components low ({low_bytes / total:.0%} of the bytes)"
         )
     print(format_methods_table(every))
+    if not args.no_plot:
+        from igplot import plot_bench
+
+        title = f"igrt bench: {args.workload}{' (tiny)' if args.tiny else ''}, {world_size} {args.backend} ranks, {args.steps} steps"
+        print(f"wrote {plot_bench(every, args.plot, title=title)}")
     if args.rounds > 1:
         print(f"over the {args.rounds} rounds, min / median:")
         print(format_rounds_table(rounds))

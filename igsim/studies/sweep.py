@@ -281,37 +281,7 @@ def write_sweep_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
 
 def plot_sweep(rows: Sequence[dict[str, Any]], path: str | Path, *, title: str = "") -> Path:
     """PNG: mean step time (top) and bytes per rank per step (bottom) vs bandwidth, per policy,
-    one column per world size (log-log axes)."""
-    import matplotlib
+    one column per world size (:func:`igplot.plot_sweep`: log-log, shared y per row)."""
+    from igplot import plot_sweep as draw
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    sizes = sorted({r["world_size"] for r in rows})
-    policies = list(dict.fromkeys(r["policy"] for r in rows))
-    fig, axes = plt.subplots(2, len(sizes), figsize=(4.2 * len(sizes), 6.5), squeeze=False, sharex=True)
-    for j, w in enumerate(sizes):
-        for pol in policies:
-            pts = sorted(
-                (r for r in rows if r["world_size"] == w and r["policy"] == pol),
-                key=lambda r: r["bandwidth_bytes_per_s"],
-            )
-            x = [r["bandwidth_bytes_per_s"] * 8 / 1e9 for r in pts]
-            axes[0][j].plot(x, [r["step_s_mean"] for r in pts], marker="o", label=pol)
-            axes[1][j].plot(x, [max(r["wire_bytes"], 1.0) for r in pts], marker="o", label=pol)
-        axes[0][j].set_title(f"{w} ranks")
-        axes[1][j].set_xlabel("link bandwidth (Gbit/s)")
-        for ax in (axes[0][j], axes[1][j]):
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel("step time (s)")
-    axes[1][0].set_ylabel("bytes per rank per step")
-    axes[0][0].legend()
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return draw(rows, path, title=title)

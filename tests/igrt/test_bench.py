@@ -86,12 +86,13 @@ def test_statistics_and_table_from_rows():
 
 
 @pytest.mark.slow
-def test_bench_runs_pytorch_peers_and_our_policies_in_one_table(capsys):
+def test_bench_runs_pytorch_peers_and_our_policies_in_one_table(capsys, tmp_path):
     methods = "ddp,allreduce,fp16,powersgd1,topk,importance"
     argv = ["bench", "--tiny", "--steps", "4", "--warmup", "2", "--ranks", "2", "--policies", methods,
-            "--record-steps", "3"]  # fmt: skip
+            "--record-steps", "3", "--plot", str(tmp_path / "bench.png")]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     first = out[out.index("x DDP CPU") : out.index("our policies in detail")]  # the methods table
     table = {line.split()[0]: line.split() for line in first.splitlines()[2:] if line.strip()}
     for m in methods.split(","):
@@ -101,6 +102,11 @@ def test_bench_runs_pytorch_peers_and_our_policies_in_one_table(capsys):
     assert kb["fp16"] == pytest.approx(kb["ddp"] / 2, rel=1e-3)  # the same, in half precision
     assert kb["powersgd1"] < kb["fp16"] and kb["importance"] < kb["topk"] < kb["ddp"]
     assert "fewer bytes than powersgd1" in out
+
+
+def test_bench_refuses_an_unwritable_plot_before_the_work(capsys, tmp_path):
+    assert main(["bench", "--tiny", "--plot", str(tmp_path / "no" / "such" / "b.png")]) == 2
+    assert "--plot" in capsys.readouterr().err
 
 
 def test_bench_rejects_bad_methods_and_warmup(capsys):
