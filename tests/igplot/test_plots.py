@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from igplot import plot_bench, plot_sweep  # noqa: E402
+from igplot import plot_bench, plot_sweep
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
