@@ -16,6 +16,12 @@ builds inside ``train()`` (``trainer.model_wrapped``). Its events:
   from ``resume_from``) and raises ValueError if they are missing — never a silent reset.
 - ``on_pre_optimizer_step`` (after the Trainer clipped the already-synchronized gradient):
   parameters that sent nothing get ``grad = None`` and one StepMetrics row is logged (``sync.log``).
+- the Trainer's own logs (``trainer.log``: ``log_history``, the console, TensorBoard / W&B / any
+  ``report_to``) gain, on every training log line, this rank's figures since the previous one:
+  ``ig_wire_bytes`` (mean bytes on the wire per step), ``ig_density`` (entries sent over the
+  model's entries, per step), ``ig_low_release_steps`` (steps that released low-importance
+  components), ``ig_low_bytes`` (their mean bytes per step) and ``ig_skipped_steps`` (non-finite
+  steps skipped) — see :meth:`ImportanceGradientCallback.log_figures`.
 - ``on_save``: writes this rank's sync state into the checkpoint folder the Trainer just wrote
   (rotation of old checkpoints removes it with them).
 - ``on_train_end``: with ``flush_at_end`` (default) sends every residual and applies it with one
@@ -80,6 +86,7 @@ class ImportanceGradientCallback(TrainerCallback):
         self.hook_state: ImportanceHookState | None = None
         self._ddp: torch.nn.Module | None = None
         self.loaded_from: Path | None = None
+        self._logged_rows = 0  # rows of sync.log already reported in the Trainer's logs
 
     # ------------------------------------------------------------------ set-up
     def _wrapped_ddp(self, args: Any) -> torch.nn.parallel.DistributedDataParallel | None:
@@ -131,7 +138,47 @@ class ImportanceGradientCallback(TrainerCallback):
                 hook_state.sync.attach_optimizer(getattr(optimizer, "optimizer", optimizer))
         if state.global_step > 0:
             self._resume(args, state.global_step)
+        self._wrap_trainer_log()
         return control
+
+    # ------------------------------------------------------------------ the Trainer's logs
+    def _wrap_trainer_log(self) -> None:
+        """Make ``trainer.log`` add :meth:`log_figures` to training log lines, before the Trainer
+        appends them to ``log_history`` and hands them to every callback (its reporters run before
+        a user's callback, so adding in ``on_log`` would reach none of them)."""
+        trainer = self.trainer
+        if getattr(trainer.log, "_ig_wrapped", False):
+            return
+        original = trainer.log
+
+        def log(logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+            if "loss" in logs:  # a training line, not an evaluation's
+                logs.update(self.log_figures())
+            return original(logs, *args, **kwargs)
+
+        log._ig_wrapped = True  # type: ignore[attr-defined]
+        trainer.log = log
+
+    def log_figures(self) -> dict[str, float]:
+        """This rank's figures over the steps since the last call (empty when there were none)."""
+        if self.hook_state is None:
+            return {}
+        sync = self.hook_state.sync
+        rows = list(sync.log)[self._logged_rows :]
+        self._logged_rows += len(rows)
+        if not rows:
+            return {}
+        vb = max(int(sync.config.value_bytes), 1)
+        numel = max(sum(p.numel() for p in sync.params.values()), 1)
+        n = len(rows)
+        sent = [(r.values_bytes + r.dense_bytes) / vb for r in rows]
+        return {
+            "ig_wire_bytes": sum(r.wire_bytes for r in rows) / n,
+            "ig_density": sum(sent) / n / numel,
+            "ig_low_release_steps": float(sum(1 for r in rows if r.low_bytes > 0)),
+            "ig_low_bytes": sum(r.low_bytes for r in rows) / n,
+            "ig_skipped_steps": float(sum(1 for r in rows if r.extra.get("nonfinite_skipped", 0.0))),
+        }
 
     def _resume(self, args: Any, global_step: int) -> None:
         assert self.hook_state is not None

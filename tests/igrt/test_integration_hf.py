@@ -39,7 +39,7 @@ def doc_snippet(name: str) -> str:
 
 
 # --------------------------------------------------------------------------- what each rank runs
-def _trainer(output_dir: str, *, max_steps: int, save: bool):
+def _trainer(output_dir: str, *, max_steps: int, save: bool, logging_steps: int = 0):
     """A Trainer over a fresh copy of the tiny MiniLM workload's model and data (prepared once by the test)."""
     from transformers import Trainer, TrainingArguments
 
@@ -53,7 +53,8 @@ def _trainer(output_dir: str, *, max_steps: int, save: bool):
         max_grad_norm=1.0,
         save_strategy="steps" if save else "no",
         save_steps=2,
-        logging_strategy="no",
+        logging_strategy="steps" if logging_steps else "no",
+        logging_steps=max(logging_steps, 1),
         report_to="none",
         disable_tqdm=True,
         use_cpu=True,
@@ -119,7 +120,7 @@ def _rank_main(workdir: str) -> None:
     out["resumed_final"] = _flat(trainer.model)
 
     # D. conservation audit
-    trainer = _trainer("run-audit", max_steps=2, save=False)
+    trainer = _trainer("run-audit", max_steps=2, save=False, logging_steps=1)
     audit = install_importance_gradient(
         trainer,
         {"policy": "importance", "plan": "plan.json", "density": 0.1},
@@ -130,6 +131,8 @@ def _rank_main(workdir: str) -> None:
     residuals = audit.hook_state.sync.residuals
     out["gap"] = max(residuals.conservation_gap().values())
     out["held_norm"] = residuals.total_norm()
+    out["log_history"] = [dict(e) for e in trainer.state.log_history]
+    out["audit_wire"] = [m.wire_bytes for m in audit.metrics]
     torch.save(out, Path(workdir) / f"result-rank{rank}.pt")
 
 
@@ -213,6 +216,14 @@ def test_trainer_under_torchrun(tmp_path):
     # D: Σg == Σsent + e on every rank (fp32 rounding only), with mass held back
     for r in (r0, r1):
         assert r["held_norm"] > 0 and r["gap"] < 1e-5
+
+    # the Trainer's own logs carry the sync figures: one training line a step, this rank's bytes
+    for r in (r0, r1):
+        lines = [e for e in r["log_history"] if "loss" in e]
+        assert len(lines) == 2, r["log_history"]
+        assert [e["ig_wire_bytes"] for e in lines] == pytest.approx(r["audit_wire"])
+        assert all(0 < e["ig_density"] < 1 and e["ig_skipped_steps"] == 0 for e in lines)
+        assert all(e["ig_low_bytes"] >= 0 and e["ig_low_release_steps"] in (0, 1) for e in lines)
 
 
 def test_options_are_validated_before_training():
