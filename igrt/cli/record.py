@@ -1,10 +1,11 @@
-"""``igrt record``: train a reference workload on real processes and record its gradient trace.
+"""``igrt record``: train a workload on real processes and record its gradient trace.
 
 Each rank computes its local gradient, the recorder (the runtime's own sparsifier) writes what it
 would select, then the ranks average their gradients with one dense all-reduce — so the model
 trains exactly as plain data-parallel training would, and the trace is of that training.
 
     igrt record --workload minilm --ranks 2 --steps 300 -o traces/samples/minilm
+    igrt record --model ./my-gpt2 --data corpus.jsonl --ranks 2 --steps 100 -o runs/my-trace
 
 Rows reach the disk in commits of whole steps, every ``--commit-every-steps`` steps or
 ``--commit-every-s`` seconds: a run killed mid-way keeps every step up to its ranks' last commit,
@@ -23,7 +24,7 @@ from typing import Any
 
 from igpolicy.cli_util import add_deprecated_alias
 from igpolicy.limits import check_count
-from igrt.workloads import WORKLOADS
+from igrt.cli.workload_args import add_workload_arguments, spec_command_line, workload_spec
 
 RECORD_SPARSIFIERS = ("topk", "adtopk", "randomk")
 COMMIT_EVERY_STEPS = 100
@@ -31,7 +32,7 @@ COMMIT_EVERY_S = 30.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workload", required=True, choices=WORKLOADS, help="reference workload to train")
+    add_workload_arguments(parser)  # a reference workload, or your own --model on your own --data
     parser.add_argument(
         "-o", "--output", required=True, type=Path, help="trace directory (must not hold a trace)"
     )
@@ -85,7 +86,7 @@ def _command_line(args: argparse.Namespace) -> str:
     """The canonical command that reproduces this recording."""
     parts = [
         "igrt record",
-        f"--workload {args.workload}",
+        *spec_command_line(args),
         f"--ranks {args.nproc}",
         f"--steps {args.steps}",
         f"-o {args.output}",
@@ -148,7 +149,7 @@ def _record_rank(ctx: Any, opts: dict[str, Any]) -> dict[str, Any]:
     from igrt.trace.recorder import TraceRecorder
     from igrt.workloads import make_workload
 
-    workload = make_workload(opts["workload"], tiny=opts["tiny"], seed=opts["seed"])
+    workload = make_workload(opts["workload"], tiny=opts["tiny"], seed=opts["seed"], spec=opts["spec"])
     torch.manual_seed(opts["seed"] * 1009 + ctx.rank)  # dropout masks differ per rank, as in DDP
     model = workload.model.to(ctx.device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -165,7 +166,8 @@ def _record_rank(ctx: Any, opts: dict[str, Any]) -> dict[str, Any]:
         sparsifier=opts["sparsifier"],
         density=opts["density"],
         grad_accum_steps=opts["grad_accum_steps"],
-        workload=opts["workload"] + (" (tiny)" if opts["tiny"] else ""),
+        workload=opts["workload"] + (" (tiny)" if opts["tiny"] else "")
+        + (f" ({opts['spec'].model})" if opts["spec"].model else ""),
         command=opts["command"],
         rows_per_part=opts["rows_per_part"],
         commit_every_steps=opts["commit_every_steps"] or None,
@@ -226,9 +228,12 @@ def run(args: argparse.Namespace) -> int:
     from traces.reader import read_trace
 
     _check(args)
-    print(f"igrt record: {prepare_workload(args.workload, tiny=args.tiny, seed=args.seed)}", file=sys.stderr)
+    workload, spec = workload_spec(args)
+    args.workload = workload
+    print(f"igrt record: {prepare_workload(workload, tiny=args.tiny, seed=args.seed, spec=spec)}", file=sys.stderr)
     opts = {
-        "workload": args.workload,
+        "workload": workload,
+        "spec": spec,
         "tiny": args.tiny,
         "seed": args.seed,
         "steps": args.steps,

@@ -29,36 +29,15 @@ from igpolicy.cli_util import add_deprecated_alias, reading
 from igpolicy.config import PACKINGS, POLICIES, SPARSIFIERS, PolicyConfig
 from igpolicy.limits import check_count
 from igpolicy.step_plan import INTEGRATIONS
+from igrt.cli.workload_args import add_workload_arguments, workload_spec
 from igrt.train.logs import LOG_FORMATS
-from igrt.workloads import ALL_WORKLOADS, HF_WORKLOAD
-from igrt.workloads.schedule import SCHEDULES
 
 __all__ = ["add_arguments", "options_from_args", "policy_config", "run"]
 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--workload",
-        choices=ALL_WORKLOADS,
-        default=None,
-        help="reference workload (minilm, gpt), or hf: your own --model on your own --data (the default with --model)",
-    )
-    own = p.add_argument_group("your own model and data (--workload hf; docs/runtime.md)")
-    own.add_argument("--model", default=None, metavar="DIR", help="local Hugging Face checkpoint (causal LM or classifier)")
-    own.add_argument("--tokenizer", default=None, metavar="DIR", help="tokenizer directory (default: --model)")
-    own.add_argument("--data", default=None, metavar="FILE", help="training data: .jsonl, .csv or .txt (one example per line)")
-    own.add_argument("--text-column", default="text", help="JSONL / CSV column holding the text (default text)")
-    own.add_argument(
-        "--label-column", default=None, help="JSONL / CSV column holding the label: sequence classification"
-    )
-    own.add_argument("--seq-len", type=int, default=None, help="tokens per example (default min(128, model's))")
-    own.add_argument(
-        "--heldout-fraction", type=float, default=0.1, help="share of examples held out for evaluation (default 0.1)"
-    )
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the workload's own)")
-    p.add_argument("--schedule", choices=SCHEDULES, default="constant", help="learning-rate schedule (default constant)")
-    p.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up steps (default 0)")
+    add_workload_arguments(p)
     p.add_argument("--policy", choices=POLICIES, default=None, help="sync policy (or 'policy' in --config)")
     p.add_argument("--plan", type=Path, default=None, help="SyncPlan JSON (required by --policy importance)")
     ranks = p.add_argument(
@@ -206,31 +185,6 @@ def policy_config(args: argparse.Namespace) -> PolicyConfig:
         raise ValueError(f"give --policy ({', '.join(POLICIES)}) or 'policy' in --config")
     data.setdefault("seed", args.seed)
     return PolicyConfig.from_dict(data, where=where)
-
-
-def workload_spec(args: argparse.Namespace):
-    """(workload name, WorkloadSpec) from the arguments; ValueError for a bad combination."""
-    from igrt.workloads import WorkloadSpec
-
-    name = args.workload or (HF_WORKLOAD if args.model else None)
-    if name is None:
-        raise ValueError("give --workload (minilm, gpt) or your own --model DIR --data FILE")
-    if name == HF_WORKLOAD and args.tiny:
-        raise ValueError("--tiny is for the reference workloads; with --model your checkpoint is the model")
-    spec = WorkloadSpec(
-        model=args.model,
-        tokenizer=args.tokenizer,
-        data=args.data,
-        text_column=args.text_column,
-        label_column=args.label_column,
-        seq_len=args.seq_len,
-        heldout_fraction=args.heldout_fraction,
-        lr=args.lr,
-        schedule=args.schedule,
-        warmup_steps=args.warmup_steps,
-        total_steps=args.steps,
-    )
-    return name, spec
 
 
 def options_from_args(args: argparse.Namespace):

@@ -179,3 +179,21 @@ def test_minilm_weights_as_your_own_model(files) -> None:
         opt.zero_grad(set_to_none=True)
     m = w.evaluate(w.model)
     assert 0.0 <= m["accuracy"] <= 1.0 and "majority_floor" in m
+
+
+def test_record_your_own_model_on_two_ranks(files, tmp_path: Path, capsys) -> None:
+    """``igrt record --model DIR --data FILE``: the same workload flags as igrt train, a valid trace."""
+    from traces.reader import read_trace
+
+    out = tmp_path / "trace"
+    argv = ["record", "--model", str(files["bert"]), "--data", str(files["data"]), "--label-column", "label",
+            "--seq-len", "8", "--ranks", "2", "--steps", "3", "--batch-size", "2", "--backend", "gloo",
+            "--lr", "1e-3", "--schedule", "cosine", "-o", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    trace = read_trace(out)
+    assert trace.num_steps == 3 and trace.ranks == (0, 1)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert str(files["bert"]) in manifest["workload"]
+    assert "--model" in manifest["command"] and "--schedule cosine" in manifest["command"]
+    assert main(["record", "--workload", "gpt", "--model", str(files["bert"]), "-o", str(tmp_path / "x")]) == 2
+    assert "--model" in capsys.readouterr().err

@@ -1,0 +1,91 @@
+"""The workload flags ``igrt train`` and ``igrt record`` share: a reference workload, or your own
+local Hugging Face checkpoint on your own data file, and the learning-rate schedule.
+
+    --workload minilm | gpt | hf        (hf is the default with --model)
+    --model DIR --data FILE [--tokenizer DIR] [--text-column C] [--label-column C] [--seq-len N]
+    [--heldout-fraction F] [--lr LR] [--schedule constant|cosine] [--warmup-steps N]
+
+The reference workloads are named presets of the same code path (:func:`igrt.workloads.make_workload`
+with a :class:`igrt.workloads.WorkloadSpec`); docs/runtime.md documents the data formats.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from igrt.workloads import ALL_WORKLOADS, HF_WORKLOAD
+from igrt.workloads.schedule import SCHEDULES
+
+__all__ = ["add_workload_arguments", "spec_command_line", "workload_spec"]
+
+
+def add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the shared workload flags to ``p``."""
+    p.add_argument(
+        "--workload",
+        choices=ALL_WORKLOADS,
+        default=None,
+        help="reference workload (minilm, gpt), or hf: your own --model on your own --data (the default with --model)",
+    )
+    own = p.add_argument_group("your own model and data (--workload hf; docs/runtime.md)")
+    own.add_argument("--model", default=None, metavar="DIR", help="local Hugging Face checkpoint (causal LM or classifier)")
+    own.add_argument("--tokenizer", default=None, metavar="DIR", help="tokenizer directory (default: --model)")
+    own.add_argument("--data", default=None, metavar="FILE", help="training data: .jsonl, .csv or .txt (one example per line)")
+    own.add_argument("--text-column", default="text", help="JSONL / CSV column holding the text (default text)")
+    own.add_argument(
+        "--label-column", default=None, help="JSONL / CSV column holding the label: sequence classification"
+    )
+    own.add_argument("--seq-len", type=int, default=None, help="tokens per example (default min(128, model's))")
+    own.add_argument(
+        "--heldout-fraction", type=float, default=0.1, help="share of examples held out for evaluation (default 0.1)"
+    )
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the workload's own)")
+    p.add_argument("--schedule", choices=SCHEDULES, default="constant", help="learning-rate schedule (default constant)")
+    p.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up steps (default 0)")
+
+
+def workload_spec(args: argparse.Namespace):
+    """(workload name, WorkloadSpec) from the arguments; ValueError for a bad combination."""
+    from igrt.workloads import WorkloadSpec
+
+    name = args.workload or (HF_WORKLOAD if args.model else None)
+    if name is None:
+        raise ValueError("give --workload (minilm, gpt) or your own --model DIR --data FILE")
+    if name == HF_WORKLOAD and args.tiny:
+        raise ValueError("--tiny is for the reference workloads; with --model your checkpoint is the model")
+    spec = WorkloadSpec(
+        model=args.model,
+        tokenizer=args.tokenizer,
+        data=args.data,
+        text_column=args.text_column,
+        label_column=args.label_column,
+        seq_len=args.seq_len,
+        heldout_fraction=args.heldout_fraction,
+        lr=args.lr,
+        schedule=args.schedule,
+        warmup_steps=args.warmup_steps,
+        total_steps=args.steps,
+    )
+    return name, spec
+
+
+def spec_command_line(args: argparse.Namespace) -> list[str]:
+    """The workload flags that reproduce ``args`` (only those that differ from their defaults)."""
+    import shlex
+
+    parts = [f"--workload {args.workload}"] if args.workload else []
+    for flag, value, default in (
+        ("--model", args.model, None),
+        ("--tokenizer", args.tokenizer, None),
+        ("--data", args.data, None),
+        ("--text-column", args.text_column, "text"),
+        ("--label-column", args.label_column, None),
+        ("--seq-len", args.seq_len, None),
+        ("--heldout-fraction", args.heldout_fraction, 0.1),
+        ("--lr", args.lr, None),
+        ("--schedule", args.schedule, "constant"),
+        ("--warmup-steps", args.warmup_steps, 0),
+    ):
+        if value is not None and value != default:
+            parts.append(f"{flag} {shlex.quote(str(value))}")
+    return parts
