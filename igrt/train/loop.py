@@ -616,6 +616,8 @@ def _write_outputs(out: Path, *, options: TrainOptions, outcome: RankOutcome, mo
     summary = {
         "command": options.command,
         "workload": options.workload,
+        # the model / data / learning-rate settings on top of the workload's own (None: its defaults)
+        "workload_settings": None if options.spec is None else dataclasses.asdict(options.spec),
         "tiny": options.tiny,
         "seed": options.seed,
         "world_size": ctx.world_size,

@@ -116,6 +116,9 @@ def test_igrt_train_own_model_on_two_gloo_ranks(files, tmp_path: Path, capfd, ta
         assert phase in captured.err, phase
     summary = json.loads((out / "summary.json").read_text())
     assert summary["workload"] == "hf" and summary["world_size"] == 2 and summary["stats"]["num_steps"] == 4
+    settings = summary["workload_settings"]  # what the run was given, so it can be reproduced
+    assert settings["model"] == str(model) and settings["data"] == str(files["data"])
+    assert (settings["lr"], settings["schedule"], settings["warmup_steps"], settings["seq_len"]) == (1e-3, "cosine", 1, 12)
     final = json.loads((out / "eval.json").read_text())[-1]
     if task == "classify":
         assert "accuracy" in final and "majority-class floor" in captured.out
