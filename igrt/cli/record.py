@@ -24,7 +24,7 @@ from typing import Any
 
 from igpolicy.cli_util import add_deprecated_alias
 from igpolicy.limits import check_count
-from igrt.cli.workload_args import add_workload_arguments, spec_command_line, workload_spec
+from igrt.cli.options import add_workload_arguments, spec_command_line, workload_spec
 
 RECORD_SPARSIFIERS = ("topk", "adtopk", "randomk")
 COMMIT_EVERY_STEPS = 100

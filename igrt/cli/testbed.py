@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 
-from igpolicy.cli_util import add_deprecated_alias
-from igpolicy.units import format_bandwidth, parse_bandwidth
+from igpolicy.units import format_bandwidth
+from igrt.cli.options import add_testbed_arguments, spec_from_args
 from igrt.testbed import namespaces as testbed
 
 
@@ -22,49 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "action", choices=("up", "down", "status"), help="up: build a testbed, down: remove one, status: list them"
     )
     p.add_argument("--ranks", type=int, default=4, help="number of rank namespaces (default 4)")
-    rate = p.add_argument(
-        "--bandwidth",
-        dest="rate",
-        metavar="RATE",
-        default="100Mbit",
-        help="per-rank link rate with a unit, both directions, e.g. 100Mbit, 1Gbit/s (default 100Mbit)",
-    )
-    p.add_argument("--two-level", action="store_true", help="two bridges joined by one shaped uplink")
-    uplink = p.add_argument(
-        "--uplink-bandwidth",
-        dest="uplink_rate",
-        metavar="RATE",
-        default=None,
-        help="rate of the inter-bridge link, with a unit (default: --bandwidth)",
-    )
-    p.add_argument("--hetero", action="store_true", help="make the last rank's NIC slower")
-    slow = p.add_argument(
-        "--slow-bandwidth",
-        dest="slow_rate",
-        metavar="RATE",
-        default=None,
-        help="rate of the slow NIC with --hetero, with a unit (default: --bandwidth / 4)",
-    )
-    for old, new in (("--rate", rate), ("--uplink-rate", uplink), ("--slow-rate", slow)):
-        add_deprecated_alias(p, old, new)
+    add_testbed_arguments(p)
     p.add_argument("--run-id", default=None, help="down: the testbed to remove (printed by up); up: its id")
     p.add_argument("--all", action="store_true", help="down: remove every testbed of every run")
-
-
-def spec_from_args(args: argparse.Namespace) -> testbed.TestbedSpec:
-    rate = parse_bandwidth(args.rate, flag="--bandwidth")
-    ids = {"run_id": args.run_id} if getattr(args, "run_id", None) else {}
-    return testbed.TestbedSpec(
-        **ids,
-        num_ranks=args.ranks,
-        rate_bytes_per_s=rate,
-        two_level=args.two_level,
-        uplink_rate_bytes_per_s=parse_bandwidth(args.uplink_rate, flag="--uplink-bandwidth") if args.uplink_rate else None,
-        slow_rank=args.ranks - 1 if args.hetero else None,
-        slow_rate_bytes_per_s=(parse_bandwidth(args.slow_rate, flag="--slow-bandwidth") if args.slow_rate else rate / 4)
-        if args.hetero
-        else None,
-    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ from igpolicy.cli_util import add_deprecated_alias, reading
 from igpolicy.config import PACKINGS, POLICIES, SPARSIFIERS, PolicyConfig
 from igpolicy.limits import check_count
 from igpolicy.step_plan import INTEGRATIONS
-from igrt.cli.workload_args import add_workload_arguments, workload_spec
+from igrt.cli.options import add_workload_arguments, workload_spec
 from igrt.train.logs import LOG_FORMATS
 
 __all__ = ["add_arguments", "options_from_args", "policy_config", "run"]

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from igpolicy.cli_outputs import LOCK_NAME, claim_output_dir
-from igpolicy.cli_util import add_deprecated_alias
-from igpolicy.units import format_bandwidth, parse_bandwidth
+from igpolicy.units import format_bandwidth
+from igrt.cli.options import add_testbed_arguments, spec_from_args
 from igrt.testbed import namespaces as testbed
 from igrt.testbed import netmeasure
 
@@ -50,31 +50,7 @@ POLICIES = ("dense", "topk", "importance")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=int, default=4, help="rank namespaces (default 4)")
-    rate = p.add_argument(
-        "--bandwidth",
-        dest="rate",
-        metavar="RATE",
-        default="100Mbit",
-        help="per-rank link rate with a unit, both directions, e.g. 100Mbit, 1Gbit/s (default 100Mbit)",
-    )
-    p.add_argument("--two-level", action="store_true", help="two bridges joined by one slower uplink")
-    uplink = p.add_argument(
-        "--uplink-bandwidth",
-        dest="uplink_rate",
-        metavar="RATE",
-        default=None,
-        help="inter-bridge rate with --two-level, with a unit (default: --bandwidth / 2)",
-    )
-    p.add_argument("--hetero", action="store_true", help="give the last rank a slower NIC")
-    slow = p.add_argument(
-        "--slow-bandwidth",
-        dest="slow_rate",
-        metavar="RATE",
-        default=None,
-        help="rate of the slow NIC with --hetero, with a unit (default: --bandwidth / 4)",
-    )
-    for old, new in (("--rate", rate), ("--uplink-rate", uplink), ("--slow-rate", slow)):
-        add_deprecated_alias(p, old, new)
+    add_testbed_arguments(p)
     p.add_argument("--quick", action="store_true", help="few sizes and 3 reps (the CI smoke version)")
     p.add_argument("--reps", type=int, default=None, help="timed reps per case (default 7, --quick 3)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per case before the reps")
@@ -86,24 +62,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", default="gpt", help="workload of the step validation (default gpt)")
     p.add_argument("--tiny", action="store_true", help="the workload's tiny model (fast, latency-bound)")
     p.add_argument("--policies", default=",".join(POLICIES), help="policies of the step validation")
-
-
-def spec_from_args(args: argparse.Namespace) -> testbed.TestbedSpec:
-    rate = parse_bandwidth(args.rate, flag="--bandwidth")
-    return testbed.TestbedSpec(
-        num_ranks=args.ranks,
-        rate_bytes_per_s=rate,
-        two_level=args.two_level,
-        uplink_rate_bytes_per_s=(
-            parse_bandwidth(args.uplink_rate, flag="--uplink-bandwidth") if args.uplink_rate else rate / 2
-        )
-        if args.two_level
-        else None,
-        slow_rank=args.ranks - 1 if args.hetero else None,
-        slow_rate_bytes_per_s=(parse_bandwidth(args.slow_rate, flag="--slow-bandwidth") if args.slow_rate else rate / 4)
-        if args.hetero
-        else None,
-    )
 
 
 def _bottleneck_bytes_per_s(spec: testbed.TestbedSpec) -> float:

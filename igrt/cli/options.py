@@ -1,5 +1,7 @@
-"""The workload flags ``igrt train`` and ``igrt record`` share: a reference workload, or your own
-local Hugging Face checkpoint on your own data file, and the learning-rate schedule.
+"""Flags more than one ``igrt`` command shares, and what they mean (one definition each).
+
+The workload flags of ``igrt train`` and ``igrt record``: a reference workload, or your own local
+Hugging Face checkpoint on your own data file, and the learning-rate schedule.
 
     --workload minilm | gpt | hf        (hf is the default with --model)
     --model DIR --data FILE [--tokenizer DIR] [--text-column C] [--label-column C] [--seq-len N]
@@ -7,16 +9,22 @@ local Hugging Face checkpoint on your own data file, and the learning-rate sched
 
 The reference workloads are named presets of the same code path (:func:`igrt.workloads.make_workload`
 with a :class:`igrt.workloads.WorkloadSpec`); docs/runtime.md documents the data formats.
+
+The link flags of ``igrt testbed`` and ``igrt validate`` (``--bandwidth``, ``--two-level``,
+``--uplink-bandwidth``, ``--hetero``, ``--slow-bandwidth``) and the testbed they describe.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from igpolicy.cli_util import add_deprecated_alias
+from igpolicy.units import parse_bandwidth
+from igrt.testbed import namespaces as testbed
 from igrt.workloads import ALL_WORKLOADS, HF_WORKLOAD
 from igrt.workloads.schedule import SCHEDULES
 
-__all__ = ["add_workload_arguments", "spec_command_line", "workload_spec"]
+__all__ = ["add_testbed_arguments", "add_workload_arguments", "spec_command_line", "spec_from_args", "workload_spec"]
 
 
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
@@ -89,3 +97,49 @@ def spec_command_line(args: argparse.Namespace) -> list[str]:
         if value is not None and value != default:
             parts.append(f"{flag} {shlex.quote(str(value))}")
     return parts
+
+
+def add_testbed_arguments(p: argparse.ArgumentParser) -> None:
+    """The link flags ``igrt testbed`` and ``igrt validate`` share (``--ranks`` is each command's own)."""
+    rate = p.add_argument(
+        "--bandwidth",
+        dest="rate",
+        metavar="RATE",
+        default="100Mbit",
+        help="per-rank link rate with a unit, both directions, e.g. 100Mbit, 1Gbit/s (default 100Mbit)",
+    )
+    p.add_argument("--two-level", action="store_true", help="two bridges joined by one slower shaped uplink")
+    uplink = p.add_argument(
+        "--uplink-bandwidth",
+        dest="uplink_rate",
+        metavar="RATE",
+        default=None,
+        help="inter-bridge rate with --two-level, with a unit (default: --bandwidth / 2)",
+    )
+    p.add_argument("--hetero", action="store_true", help="give the last rank a slower NIC")
+    slow = p.add_argument(
+        "--slow-bandwidth",
+        dest="slow_rate",
+        metavar="RATE",
+        default=None,
+        help="rate of the slow NIC with --hetero, with a unit (default: --bandwidth / 4)",
+    )
+    for old, new in (("--rate", rate), ("--uplink-rate", uplink), ("--slow-rate", slow)):
+        add_deprecated_alias(p, old, new)
+
+
+def spec_from_args(args: argparse.Namespace) -> testbed.TestbedSpec:
+    """The testbed the link flags describe (``--run-id``, where the command has one, names it)."""
+    rate = parse_bandwidth(args.rate, flag="--bandwidth")
+    ids = {"run_id": args.run_id} if getattr(args, "run_id", None) else {}
+    uplink = parse_bandwidth(args.uplink_rate, flag="--uplink-bandwidth") if args.uplink_rate else rate / 2
+    slow = parse_bandwidth(args.slow_rate, flag="--slow-bandwidth") if args.slow_rate else rate / 4
+    return testbed.TestbedSpec(
+        **ids,
+        num_ranks=args.ranks,
+        rate_bytes_per_s=rate,
+        two_level=args.two_level,
+        uplink_rate_bytes_per_s=uplink if args.two_level else None,
+        slow_rank=args.ranks - 1 if args.hetero else None,
+        slow_rate_bytes_per_s=slow if args.hetero else None,
+    )
