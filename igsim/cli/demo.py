@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from igpolicy.cli_outputs import claim_output_dir
+from igpolicy.cli_outputs import LOCK_NAME, claim_output_dir
 from igpolicy.config import PolicyConfig
 from igpolicy.units import format_bandwidth, format_bytes, format_time
 from igpolicy.vocab import ComponentClass
@@ -22,11 +22,16 @@ __all__ = ["add_arguments", "run"]
 
 POLICIES = ("dense", "topk", "importance")
 FULL = {"gbps": (1, 10, 25, 100, 400), "ranks": (8, 64, 256, 1024), "steps": 40}
+DEFAULT_OUT = "igsim-demo"
 QUICK = {"gbps": (1, 10, 100, 400), "ranks": (8, 64, 1024), "steps": 12}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="igsim-demo", help="output directory (default ./igsim-demo)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help=f"output directory (default ./{DEFAULT_OUT}, whose previous demo a rerun replaces)",
+    )
     p.add_argument("--quick", action="store_true", help="fewer points and steps")
     p.add_argument("--trace", help="use this trace instead of the shipped MiniLM sample")
     p.add_argument("--sample", default="minilm", help="name of the shipped sample trace (default minilm)")
@@ -66,8 +71,14 @@ def run(args: argparse.Namespace) -> int:
     if trace is None:
         return 1
     grid = QUICK if args.quick else FULL
-    out = Path(args.out)
-    claim_output_dir(out, overwrite=args.overwrite, flag="--out")  # locked until the command ends
+    out = Path(args.out or DEFAULT_OUT)
+    # the default folder is the demo's own: a rerun replaces the previous demo there (only a folder
+    # an igsim/igrt command marked; anything else in it is still refused); a folder the user named
+    # is kept unless --overwrite
+    again = args.out is None and (out / LOCK_NAME).is_file()
+    if again and any(p.name != LOCK_NAME for p in out.iterdir()):
+        print(f"igsim demo: replacing the previous demo in {out}/", file=sys.stderr)
+    claim_output_dir(out, overwrite=args.overwrite or again, flag="--out")  # locked until the command ends
     t0 = time.perf_counter()
 
     plan, scores, result = profile_trace(trace, release_period=4)

@@ -179,3 +179,26 @@ def test_validate_against(trace_dir: Path, tmp_path: Path, capsys) -> None:
     assert main(["validate-against", str(measured), str(pred)]) == 0
     assert "step_s" in capsys.readouterr().out
     assert main(["validate-against", str(tmp_path / "nope.csv"), str(pred)]) == 2
+
+
+def test_demo_reruns_into_its_default_folder_but_not_a_named_one(trace_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    """The README runs ``igsim demo`` twice: the second run replaces the first in ./igsim-demo; a
+    folder the user named keeps its rule (refused unless --overwrite), and a foreign folder stays safe."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["demo", "--trace", str(trace_dir), "--quick", "--no-progress"]
+    assert main(argv) == 0
+    assert main(argv) == 0
+    assert "replacing the previous demo in igsim-demo/" in capsys.readouterr().err
+    assert (tmp_path / "igsim-demo" / "sweep.png").exists()
+    named = ["demo", "--trace", str(trace_dir), "--quick", "--no-progress", "--out", str(tmp_path / "mine")]
+    assert main(named) == 0
+    assert main(named) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    foreign = tmp_path / "other"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep")
+    monkeypatch.chdir(foreign)
+    (foreign / "igsim-demo").mkdir()
+    (foreign / "igsim-demo" / "notes.txt").write_text("keep")  # not a demo's folder: no lock file
+    assert main(argv) == 2
+    assert (foreign / "igsim-demo" / "notes.txt").read_text() == "keep"
