@@ -80,6 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_deprecated_alias(parser, "--timeout", timeout)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar and no status lines")
 
 
 def _command_line(args: argparse.Namespace) -> str:
@@ -147,8 +148,13 @@ def _record_rank(ctx: Any, opts: dict[str, Any]) -> dict[str, Any]:
     from tqdm import tqdm
 
     from igrt.trace.recorder import TraceRecorder
+    from igrt.train.launch import status_line
     from igrt.workloads import make_workload
 
+    def say(message: str) -> None:
+        status_line("igrt record", message, rank=ctx.rank, quiet=opts["quiet"])
+
+    say(f"{ctx.world_size} {ctx.backend} rank(s) up; loading the model and data ({opts['workload']})")
     workload = make_workload(opts["workload"], tiny=opts["tiny"], seed=opts["seed"], spec=opts["spec"])
     torch.manual_seed(opts["seed"] * 1009 + ctx.rank)  # dropout masks differ per rank, as in DDP
     model = workload.model.to(ctx.device)
@@ -157,6 +163,7 @@ def _record_rank(ctx: Any, opts: dict[str, Any]) -> dict[str, Any]:
     batches = workload.train_batches(ctx.rank, ctx.world_size, opts["batch_size"])
     summary: dict[str, Any] = {"rank": ctx.rank}
     if ctx.rank == 0 and opts["eval"]:
+        say("evaluating on the held-out split (before training)")
         summary["eval_before"] = workload.evaluate(model)
     if ctx.world_size > 1:
         torch.distributed.barrier()  # rank 0's evaluation must not count as the others' recording time
@@ -182,7 +189,9 @@ def _record_rank(ctx: Any, opts: dict[str, Any]) -> dict[str, Any]:
         },
     )
     bar = tqdm(
-        total=opts["steps"], desc=f"record {opts['workload']}", disable=ctx.rank != 0 or not opts["progress"]
+        total=opts["steps"],
+        desc=f"record {opts['workload']}",
+        disable=ctx.rank != 0 or not opts["progress"] or opts["quiet"],
     )
     step_s, losses = [], []
     with recorder:
@@ -207,9 +216,11 @@ def _record_rank(ctx: Any, opts: dict[str, Any]) -> dict[str, Any]:
             bar.set_postfix(loss=f"{step_loss:.3f}")
         bar.close()
         if ctx.rank == 0 and opts["eval"]:
+            say("evaluating on the held-out split (after training)")
             summary["eval_after"] = workload.evaluate(model)
             recorder.add_extra({"eval_before": summary["eval_before"], "eval_after": summary["eval_after"]})
         record_s = recorder.record_s
+        say(f"committing the last parts to {opts['output']}")
     if ctx.world_size > 1:
         torch.distributed.barrier()  # every rank's parts are on disk before rank 0 reads the trace
     summary.update(
@@ -223,14 +234,16 @@ def _record_rank(ctx: Any, opts: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from igrt.train.launch import launch
+    from igrt.train.launch import launch, status_line
     from igrt.workloads import prepare_workload
     from traces.reader import read_trace
 
     _check(args)
     workload, spec = workload_spec(args)
     args.workload = workload
-    print(f"igrt record: {prepare_workload(workload, tiny=args.tiny, seed=args.seed, spec=spec)}", file=sys.stderr)
+    note = prepare_workload(workload, tiny=args.tiny, seed=args.seed, spec=spec)
+    if not args.quiet:
+        print(f"igrt record: {note}", file=sys.stderr)
     opts = {
         "workload": workload,
         "spec": spec,
@@ -247,8 +260,10 @@ def run(args: argparse.Namespace) -> int:
         "commit_every_s": args.commit_every_s,
         "eval": not args.no_eval,
         "progress": not args.no_progress,
+        "quiet": args.quiet,
         "command": _command_line(args),
     }
+    status_line("igrt record", f"starting {args.nproc} rank(s)", rank=int(os.environ.get("RANK", "0")), quiet=args.quiet)
     t0 = time.perf_counter()
     results = launch(
         _record_rank, nproc=args.nproc, backend=args.backend, args=(opts,), timeout_s=args.timeout
@@ -257,6 +272,7 @@ def run(args: argparse.Namespace) -> int:
     if 0 not in results:  # under torchrun only rank 0 reports
         return 0
     first = results[0]
+    status_line("igrt record", f"reading the trace back to check it ({args.output})", quiet=args.quiet)
     trace = read_trace(args.output)
     print(
         f"wrote {args.output}: {trace.num_steps} steps x {len(trace.ranks)} ranks x {first['num_params']} params"

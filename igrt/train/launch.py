@@ -67,6 +67,17 @@ class RankContext:
     spawned: bool  # True when launch() started this process, False under torchrun
 
 
+def status_line(prog: str, message: str, *, rank: int = 0, quiet: bool = False) -> None:
+    """One timestamped status line on rank 0's stderr (none with ``quiet``), safe next to a tqdm
+    bar: what a command is doing during a phase that can take more than a few seconds."""
+    if rank != 0 or quiet:
+        return
+    from tqdm import tqdm
+
+    tqdm.write(f"{prog} {time.strftime('%H:%M:%S')} {message}", file=sys.stderr)
+    sys.stderr.flush()
+
+
 def resolve_backend(backend: str, nproc: int) -> str:
     """``auto`` -> ``nccl`` when CUDA has at least ``nproc`` devices, else ``gloo``."""
     if backend not in BACKENDS:

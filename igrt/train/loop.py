@@ -27,7 +27,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -383,12 +382,9 @@ def _hook_exposed_s(state, backward_end: float) -> float:
 
 def _status(options: TrainOptions, rank: int, message: str) -> None:
     """One status line on rank 0's stderr (not with ``quiet``), safe next to a tqdm bar."""
-    if rank != 0 or options.quiet:
-        return
-    from tqdm import tqdm
+    from igrt.train.launch import status_line
 
-    tqdm.write(f"igrt train {time.strftime('%H:%M:%S')} {message}", file=sys.stderr)
-    sys.stderr.flush()
+    status_line("igrt train", message, rank=rank, quiet=options.quiet)
 
 
 def train_on_rank(ctx, options: TrainOptions, *, workload=None) -> RankOutcome:

@@ -184,7 +184,7 @@ def test_minilm_weights_as_your_own_model(files) -> None:
     assert 0.0 <= m["accuracy"] <= 1.0 and "majority_floor" in m
 
 
-def test_record_your_own_model_on_two_ranks(files, tmp_path: Path, capsys) -> None:
+def test_record_your_own_model_on_two_ranks(files, tmp_path: Path, capfd) -> None:
     """``igrt record --model DIR --data FILE``: the same workload flags as igrt train, a valid trace."""
     from traces.reader import read_trace
 
@@ -193,10 +193,17 @@ def test_record_your_own_model_on_two_ranks(files, tmp_path: Path, capsys) -> No
             "--seq-len", "8", "--ranks", "2", "--steps", "3", "--batch-size", "2", "--backend", "gloo",
             "--lr", "1e-3", "--schedule", "cosine", "-o", str(out), "--no-progress"]  # fmt: skip
     assert main(argv) == 0
+    err = capfd.readouterr().err
+    for phase in ("starting 2 rank(s)", "loading the model and data", "evaluating on the held-out split",
+                  "committing the last parts", "reading the trace back"):  # fmt: skip
+        assert "igrt record" in err and phase in err, (phase, err[-2000:])
     trace = read_trace(out)
     assert trace.num_steps == 3 and trace.ranks == (0, 1)
     manifest = json.loads((out / "manifest.json").read_text())
     assert str(files["bert"]) in manifest["workload"]
     assert "--model" in manifest["command"] and "--schedule cosine" in manifest["command"]
     assert main(["record", "--workload", "gpt", "--model", str(files["bert"]), "-o", str(tmp_path / "x")]) == 2
-    assert "--model" in capsys.readouterr().err
+    assert "--model" in capfd.readouterr().err
+    quiet = tmp_path / "quiet"
+    assert main([*argv[: argv.index("-o")], "-o", str(quiet), "--quiet"]) == 0
+    assert "igrt record" not in capfd.readouterr().err
