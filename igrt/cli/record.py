@@ -156,6 +156,7 @@ def _record_rank(ctx: Any, opts: dict[str, Any]) -> dict[str, Any]:
 
     say(f"{ctx.world_size} {ctx.backend} rank(s) up; loading the model and data ({opts['workload']})")
     workload = make_workload(opts["workload"], tiny=opts["tiny"], seed=opts["seed"], spec=opts["spec"])
+    workload.show_progress = ctx.rank == 0 and opts["progress"] and not opts["quiet"]
     torch.manual_seed(opts["seed"] * 1009 + ctx.rank)  # dropout masks differ per rank, as in DDP
     model = workload.model.to(ctx.device)
     params = [p for p in model.parameters() if p.requires_grad]

@@ -150,6 +150,7 @@ class _RankRun:
         from igrt.sync.synchronizer import Synchronizer, build_param_infos, named_parameters
 
         self.ctx, self.o, self.w = ctx, options, workload
+        workload.show_progress = ctx.rank == 0 and options.progress and not options.quiet
         self.model = workload.model.to(ctx.device)
         infos = build_param_infos(named_parameters(self.model), fresh=options.config.fresh_patterns)
         if options.plan is not None:

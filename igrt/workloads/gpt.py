@@ -182,7 +182,7 @@ class GPTWorkload(Workload):
         model.eval()
         total = 0.0
         try:
-            for i in range(0, num, EVAL_BATCH):
+            for i in self._eval_starts(num, EVAL_BATCH):
                 ids = _windows(tokens, starts[i : i + EVAL_BATCH], self.length).to(device)
                 total += float(model(input_ids=ids, labels=ids).loss) * len(ids)
         finally:

@@ -303,7 +303,7 @@ class HFLocalWorkload(Workload):
         model.eval()
         loss_sum, correct, count = 0.0, 0, 0
         try:
-            for i in range(0, num, EVAL_BATCH):
+            for i in self._eval_starts(num, EVAL_BATCH):
                 batch = {k: v[i : min(i + EVAL_BATCH, num)].to(device) for k, v in held.items()}
                 labels = batch.pop("labels")
                 logits = model(**batch).logits.float()

@@ -157,7 +157,7 @@ class MiniLMWorkload(Workload):
         model.eval()
         correct, loss_sum = 0, 0.0
         try:
-            for start in range(0, len(labels), EVAL_BATCH):
+            for start in self._eval_starts(len(labels), EVAL_BATCH):
                 batch = {k: v[start : start + EVAL_BATCH].to(device) for k, v in inputs.items()}
                 y = labels[start : start + EVAL_BATCH].to(device)
                 logits = model(**batch).logits
