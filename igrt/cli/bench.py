@@ -209,12 +209,15 @@ def _bench_rank(ctx, opts: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from igrt.sync.synchronizer import build_param_infos, named_parameters
+    from igrt.train.launch import status_line
     from igrt.workloads import make_workload
 
+    status_line("igrt bench", f"{ctx.world_size} {ctx.backend} rank(s) up; loading {opts['workload']}", rank=ctx.rank)
     w = make_workload(opts["workload"], tiny=opts["tiny"], seed=opts["seed"])
     initial = {k: v.detach().clone() for k, v in w.model.state_dict().items()}
     plan, plan_from = opts["plan"], opts["trace"]
     if plan is None and "importance" in opts["policies"]:
+        status_line("igrt bench", f"recording {opts['record_steps']} steps to profile the plan", rank=ctx.rank)
         _record(ctx, w, opts)
         plan_from = f"a {opts['record_steps']}-step recording"
         plan, _, _ = profile_trace(
@@ -227,8 +230,11 @@ def _bench_rank(ctx, opts: dict[str, Any]) -> dict[str, Any]:
     rows: dict[str, list[Any]] = {}
     peers: dict[str, list[list[dict[str, float]]]] = {}
     cpu: dict[str, list[float]] = {}
-    for _ in range(opts["rounds"]):
-        for method in opts["policies"]:
+    total = opts["rounds"] * len(opts["policies"])
+    for k in range(opts["rounds"]):
+        for j, method in enumerate(opts["policies"]):
+            status_line("igrt bench", f"[{k * len(opts['policies']) + j + 1}/{total}] round {k + 1}: {method}, "
+                        f"{opts['steps']} steps", rank=ctx.rank)  # fmt: skip
             with torch.no_grad():
                 w.model.load_state_dict(initial)
             if method in PEERS:
@@ -389,7 +395,10 @@ def _run_peer(ctx, w, method: str, opts: dict[str, Any]) -> list[dict[str, float
     batches = w.train_batches(ctx.rank, ctx.world_size, opts["batch_size"])
     sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
     rows = []
-    with meter.counting():
+    from tqdm import tqdm
+
+    bar = tqdm(total=opts["steps"], desc=f"bench {method}", disable=ctx.rank != 0, leave=False, file=sys.stderr)
+    with meter.counting(), bar:
         for step in range(opts["steps"]):
             meter.reset()
             sync()
@@ -405,6 +414,7 @@ def _run_peer(ctx, w, method: str, opts: dict[str, Any]) -> list[dict[str, float
                 "bytes": meter.bytes if method != "ddp" else grad_bytes,
                 "num_collectives": meter.num_collectives, "loss": float(loss.detach()),
             })  # fmt: skip
+            bar.update(1)
     del ddp, optimizer
     gc.collect()
     return rows

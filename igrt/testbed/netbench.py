@@ -118,7 +118,11 @@ def run_cases(cases: Sequence[Mapping[str, Any]], *, reps: int = 5, warmup: int 
     if warmup > 0:
         warm_up()
     out = []
-    for case in cases:
+    t0 = time.monotonic()
+    for i, case in enumerate(cases):
+        if dist.get_rank() == 0:  # igrt validate shows rank 0's output as it comes
+            print(f"netbench {time.strftime('%H:%M:%S')} case {i + 1}/{len(cases)} {case.get('name', case['op'])} "
+                  f"({time.monotonic() - t0:.0f} s so far)", file=sys.stderr, flush=True)  # fmt: skip
         times = time_case(case, reps=reps, warmup=warmup)
         out.append(
             {

@@ -45,6 +45,7 @@ def run_ranks(
     timeout_s: float = 600.0,
     what: str = "rank process",
     port: int | None = None,
+    follow: bool = True,
 ) -> None:
     """Run ``python -m <module_args>`` on every rank and wait: inside each rank's namespace of
     ``spec``, or on loopback (``num_ranks`` processes) without it.
@@ -52,7 +53,9 @@ def run_ranks(
     Each rank's output goes to a temporary file (no pipe can fill up and stall a rank). Raises
     RuntimeError naming the rank whose process failed, with the tail of its output; a rank still
     running after ``timeout_s`` is killed (all ranks are) and reported. ``port``: the rendezvous port
-    (default: a random one in the testbed, a free one chosen by the kernel on loopback).
+    (default: a random one in the testbed, a free one chosen by the kernel on loopback). ``follow``:
+    copy rank 0's output to this process's stderr as it comes (its status lines and progress), so a
+    long measurement is never silent.
     """
     p = spec.num_ranks if spec is not None else int(num_ranks or 2)
     if port is None:
@@ -81,6 +84,13 @@ def run_ranks(
         try:
             deadline = time.monotonic() + timeout_s
             failed = []
+            shown = 0  # bytes of rank 0's log already copied to stderr
+            while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
+                if follow:
+                    shown = _copy_new(Path(tmp) / "rank0.log", shown)
+                time.sleep(0.25)
+            if follow:
+                _copy_new(Path(tmp) / "rank0.log", shown)
             for r, proc in enumerate(procs):
                 try:
                     proc.wait(timeout=max(deadline - time.monotonic(), 1.0))
@@ -98,6 +108,20 @@ def run_ranks(
                     proc.wait()
             for log in logs:
                 log.close()
+
+
+def _copy_new(path: Path, shown: int) -> int:
+    """Write what ``path`` gained since byte ``shown`` to stderr; returns the new offset."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(shown)
+            data = f.read()
+    except OSError:
+        return shown
+    if data:
+        sys.stderr.write(data.decode(errors="replace"))
+        sys.stderr.flush()
+    return shown + len(data)
 
 
 def measure(
