@@ -7,6 +7,7 @@ import argparse
 import importlib
 import importlib.metadata
 import re
+from pathlib import Path
 
 import pytest
 
@@ -85,11 +86,12 @@ def test_version(prog: str, capsys: pytest.CaptureFixture[str]) -> None:
         ("bench", "--timeout", "--timeout-s", "timeout", 9.0),
         ("validate", "--rate", "--bandwidth", "rate", "20Mbit"),
         ("testbed", "--slow-rate", "--slow-bandwidth", "slow_rate", "5Mbit"),
+        ("record", "--output", "--out", "out", Path("t")),
     ],
 )
 def test_renamed_flags_keep_working_hidden(command, old, new, dest, value, capsys) -> None:
     parser = _parser("igrt")
-    extra = {"record": ["--workload", "gpt", "-o", "x"], "testbed": ["up"]}.get(command, [])
+    extra = {"record": ["--workload", "gpt"] + ([] if dest == "out" else ["-o", "x"]), "testbed": ["up"]}.get(command, [])
     args = parser.parse_args([command, *extra, old, str(value)])
     assert getattr(args, dest) == value
     assert f"{old} is deprecated, use {new}" in capsys.readouterr().err

@@ -16,7 +16,7 @@ COMMANDS = {
 }
 # commands that write an output folder (igpolicy.cli_outputs): the argument dispatch claims before
 # the command runs, or None where the command claims its folder itself
-FOLDERS = {"train": None, "record": "output", "validate": None}
+FOLDERS = {"train": None, "record": "out", "validate": None}
 
 
 def _launcher_rank() -> int:

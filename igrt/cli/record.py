@@ -33,9 +33,10 @@ COMMIT_EVERY_S = 30.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workload_arguments(parser)  # a reference workload, or your own --model on your own --data
-    parser.add_argument(
-        "-o", "--output", required=True, type=Path, help="trace directory (must not hold a trace)"
+    out = parser.add_argument(
+        "-o", "--out", dest="out", default=None, type=Path, help="trace directory (required; must not hold a trace)"
     )
+    add_deprecated_alias(parser, "--output", out)
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps to record (default 100)")
     ranks = parser.add_argument(
         "--ranks", dest="nproc", type=int, default=2, metavar="N", help="ranks to spawn (ignored under torchrun; default 2)"
@@ -90,7 +91,7 @@ def _command_line(args: argparse.Namespace) -> str:
         *spec_command_line(args),
         f"--ranks {args.nproc}",
         f"--steps {args.steps}",
-        f"-o {args.output}",
+        f"-o {args.out}",
         f"--density {args.density:g}",
         f"--sparsifier {args.sparsifier}",
         f"--batch-size {args.batch_size}",
@@ -110,6 +111,8 @@ def _command_line(args: argparse.Namespace) -> str:
 
 
 def _check(args: argparse.Namespace) -> None:
+    if args.out is None:
+        raise ValueError("give -o/--out DIR: the trace directory to write")
     for name in ("steps", "nproc", "batch_size", "grad_accum_steps", "rows_per_part"):
         if getattr(args, name) < 1:
             flag = "ranks" if name == "nproc" else name.replace("_", "-")
@@ -122,8 +125,8 @@ def _check(args: argparse.Namespace) -> None:
     if not (math.isfinite(args.commit_every_s) and args.commit_every_s >= 0):
         raise ValueError(f"--commit-every-s must be a number >= 0, got {args.commit_every_s}")
     first_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 writes the manifest
-    if first_rank and (args.output / "manifest.json").exists():
-        raise ValueError(f"{args.output} already holds a trace; record into a new directory")
+    if first_rank and (args.out / "manifest.json").exists():
+        raise ValueError(f"{args.out} already holds a trace; record into a new directory")
 
 
 def _average_gradients(params: list, world_size: int) -> None:
@@ -255,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
         "grad_accum_steps": args.grad_accum_steps,
         "density": args.density,
         "sparsifier": args.sparsifier,
-        "output": str(args.output),
+        "output": str(args.out),
         "rows_per_part": args.rows_per_part,
         "commit_every_steps": args.commit_every_steps,
         "commit_every_s": args.commit_every_s,
@@ -273,10 +276,10 @@ def run(args: argparse.Namespace) -> int:
     if 0 not in results:  # under torchrun only rank 0 reports
         return 0
     first = results[0]
-    status_line("igrt record", f"reading the trace back to check it ({args.output})", quiet=args.quiet)
-    trace = read_trace(args.output)
+    status_line("igrt record", f"reading the trace back to check it ({args.out})", quiet=args.quiet)
+    trace = read_trace(args.out)
     print(
-        f"wrote {args.output}: {trace.num_steps} steps x {len(trace.ranks)} ranks x {first['num_params']} params"
+        f"wrote {args.out}: {trace.num_steps} steps x {len(trace.ranks)} ranks x {first['num_params']} params"
     )
     print(
         f"  rows: params {len(trace.params['step'])}, steps {len(trace.steps['step'])}, "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from igpolicy.cli_util import add_deprecated_alias
 from igpolicy.importance import SIZE_NORMS, ImportanceConfig
 from igpolicy.vocab import ComponentClass
 from igsim.cli.options import format_plan_table, parse_window
@@ -23,7 +24,8 @@ METHODS = ("knee", "otsu", "gmm", "kmeans2", "percentile", "fixed_ratio")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="trace directory (manifest.json + Parquet parts)")
-    p.add_argument("-o", "--output", required=True, help="where to write the SyncPlan JSON")
+    out = p.add_argument("-o", "--out", dest="out", default=None, help="where to write the SyncPlan JSON (required)")
+    add_deprecated_alias(p, "--output", out)
     p.add_argument("--method", default="knee", choices=METHODS, help="threshold method (default knee)")
     p.add_argument(
         "--method-param",
@@ -74,6 +76,11 @@ def _method_params(items: list[str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out is None:
+        raise ValueError("give -o/--out FILE: where to write the SyncPlan JSON")
+    from igpolicy.cli_outputs import check_output_file
+
+    check_output_file(args.out, flag="--out")  # before the work, not after it
     window = parse_window(args.window)
     plan, scores, result = profile_trace(
         args.trace,
@@ -101,6 +108,6 @@ def run(args: argparse.Namespace) -> int:
         f"{len(plan.low)} low of {len(plan.components)} components; low share of bytes "
         f"{low_bytes / max(all_bytes, 1):.1%}; release period {plan.release_period}"
     )
-    path = plan.save(args.output)
+    path = plan.save(args.out)
     print(f"wrote {path} (fingerprint {plan.fingerprint})")
     return 0
