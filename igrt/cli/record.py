@@ -151,14 +151,15 @@ def _record_rank(ctx: Any, opts: dict[str, Any]) -> dict[str, Any]:
     from tqdm import tqdm
 
     from igrt.trace.recorder import TraceRecorder
-    from igrt.train.launch import status_line
+    from igrt.train.launch import status_line, status_phase
     from igrt.workloads import make_workload
 
     def say(message: str) -> None:
         status_line("igrt record", message, rank=ctx.rank, quiet=opts["quiet"])
 
-    say(f"{ctx.world_size} {ctx.backend} rank(s) up; loading the model and data ({opts['workload']})")
-    workload = make_workload(opts["workload"], tiny=opts["tiny"], seed=opts["seed"], spec=opts["spec"])
+    loading = f"{ctx.world_size} {ctx.backend} rank(s) up; loading the model and data ({opts['workload']})"
+    with status_phase("igrt record", loading, rank=ctx.rank, quiet=opts["quiet"]):
+        workload = make_workload(opts["workload"], tiny=opts["tiny"], seed=opts["seed"], spec=opts["spec"])
     workload.show_progress = ctx.rank == 0 and opts["progress"] and not opts["quiet"]
     torch.manual_seed(opts["seed"] * 1009 + ctx.rank)  # dropout masks differ per rank, as in DDP
     model = workload.model.to(ctx.device)

@@ -78,6 +78,32 @@ def status_line(prog: str, message: str, *, rank: int = 0, quiet: bool = False) 
     sys.stderr.flush()
 
 
+@contextlib.contextmanager
+def status_phase(prog: str, message: str, *, rank: int = 0, quiet: bool = False, every_s: float = 5.0):
+    """A :func:`status_line` for a phase, then one more every ``every_s`` seconds while it runs
+    ("... still <message> (12 s)"), so a long load or set-up is never silent."""
+    status_line(prog, message, rank=rank, quiet=quiet)
+    if rank != 0 or quiet:
+        yield
+        return
+    import threading
+
+    done = threading.Event()
+    t0 = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(every_s):
+            status_line(prog, f"... still {message} ({time.monotonic() - t0:.0f} s)")
+
+    ticker = threading.Thread(target=tick, name="igrt-status", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+
+
 def resolve_backend(backend: str, nproc: int) -> str:
     """``auto`` -> ``nccl`` when CUDA has at least ``nproc`` devices, else ``gloo``."""
     if backend not in BACKENDS:

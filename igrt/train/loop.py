@@ -401,11 +401,16 @@ def train_on_rank(ctx, options: TrainOptions, *, workload=None) -> RankOutcome:
     from igrt.workloads import make_workload
 
     o = options
-    if workload is None:
-        _status(o, ctx.rank, f"{ctx.world_size} {ctx.backend} rank(s) up; loading the model and data ({o.workload})")
-    w = workload if workload is not None else make_workload(o.workload, tiny=o.tiny, seed=o.seed, spec=o.spec)
-    _status(o, ctx.rank, f"setting up the {o.integration} integration ({w.num_params:,} parameters)")
-    run = _RankRun(ctx, o, w)
+    from igrt.train.launch import status_phase
+
+    w = workload
+    if w is None:
+        loading = f"{ctx.world_size} {ctx.backend} rank(s) up; loading the model and data ({o.workload})"
+        with status_phase("igrt train", loading, rank=ctx.rank, quiet=o.quiet):
+            w = make_workload(o.workload, tiny=o.tiny, seed=o.seed, spec=o.spec)
+    setting_up = f"setting up the {o.integration} integration ({w.num_params:,} parameters)"
+    with status_phase("igrt train", setting_up, rank=ctx.rank, quiet=o.quiet):
+        run = _RankRun(ctx, o, w)
     if o.resume:
         _status(o, ctx.rank, f"resuming from {o.resume}")
     start = run.resume() if o.resume else 0
@@ -696,8 +701,12 @@ def train(
 
     here = int(os.environ.get("RANK", "0"))  # under torchrun this process is a rank
     if options.plan is not None:
-        _status(options, here, "checking the plan against the model")
-    preflight(options)
+        from igrt.train.launch import status_phase
+
+        with status_phase("igrt train", "checking the plan against the model", rank=here, quiet=options.quiet):
+            preflight(options)
+    else:
+        preflight(options)
     _status(options, here, f"starting {nproc} rank(s)")
     results = launch(_train_rank, nproc=nproc, backend=backend, args=(options,), timeout_s=timeout_s)
     if 0 not in results or not options.out:

@@ -207,3 +207,19 @@ def test_record_your_own_model_on_two_ranks(files, tmp_path: Path, capfd) -> Non
     quiet = tmp_path / "quiet"
     assert main([*argv[: argv.index("-o")], "-o", str(quiet), "--quiet"]) == 0
     assert "igrt record" not in capfd.readouterr().err
+
+
+def test_a_long_phase_keeps_saying_it_is_still_running(capsys) -> None:
+    import time as _time
+
+    from igrt.train.launch import status_phase
+
+    with status_phase("igrt x", "loading", every_s=0.05):
+        _time.sleep(0.3)
+    err = capsys.readouterr().err
+    assert err.count("igrt x") >= 3 and "... still loading (" in err
+    with status_phase("igrt x", "loading", quiet=True, every_s=0.05):
+        _time.sleep(0.15)
+    with status_phase("igrt x", "loading", rank=1, every_s=0.05):
+        _time.sleep(0.15)
+    assert capsys.readouterr().err == ""
