@@ -474,8 +474,8 @@ def train_on_rank(ctx, options: TrainOptions, *, workload=None) -> RankOutcome:
     if o.out and ctx.rank == 0:
         _status(o, ctx.rank, f"writing metrics.csv, summary.json, eval.json, model.pt to {o.out}")
         _write_outputs(Path(o.out), options=o, outcome=outcome, model=run.model, ctx=ctx)
-        _status(o, ctx.rank, f"plotting {Path(o.out) / 'run.png'}")
-        plot_run(Path(o.out) / "run.png", options=o, outcome=outcome)
+        with status_phase("igrt train", f"plotting {Path(o.out) / 'run.png'}", rank=ctx.rank, quiet=o.quiet):
+            plot_run(Path(o.out) / "run.png", options=o, outcome=outcome)
     _barrier(ctx.world_size)
     return outcome
 
