@@ -209,11 +209,11 @@ def _bench_rank(ctx, opts: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from igrt.sync.synchronizer import build_param_infos, named_parameters
-    from igrt.train.launch import status_line
+    from igrt.train.launch import status_line, status_phase
     from igrt.workloads import make_workload
 
-    status_line("igrt bench", f"{ctx.world_size} {ctx.backend} rank(s) up; loading {opts['workload']}", rank=ctx.rank)
-    w = make_workload(opts["workload"], tiny=opts["tiny"], seed=opts["seed"])
+    with status_phase("igrt bench", f"{ctx.world_size} {ctx.backend} rank(s) up; loading {opts['workload']}", rank=ctx.rank):
+        w = make_workload(opts["workload"], tiny=opts["tiny"], seed=opts["seed"])
     initial = {k: v.detach().clone() for k, v in w.model.state_dict().items()}
     plan, plan_from = opts["plan"], opts["trace"]
     if plan is None and "importance" in opts["policies"]:
@@ -562,7 +562,7 @@ def target_report(stats: dict[str, dict[str, float]]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from igrt.train.launch import launch
+    from igrt.train.launch import launch, status_line, status_phase
     from igrt.workloads import prepare_workload
 
     methods = tuple(dict.fromkeys(p for p in args.policies.split(",") if p))
@@ -587,9 +587,10 @@ def run(args: argparse.Namespace) -> int:
     trace = args.trace or _shipped_trace(args.workload, args.tiny)
     plan = None
     if trace is not None and "importance" in methods:
-        plan, _, _ = profile_trace(
-            trace, release_period=args.release_period, density=args.density, method=args.threshold
-        )
+        with status_phase("igrt bench", f"profiling the importance plan from {trace}"):
+            plan, _, _ = profile_trace(
+                trace, release_period=args.release_period, density=args.density, method=args.threshold
+            )
     with tempfile.TemporaryDirectory(prefix="igrt-bench-") as tmp:
         keys = (
             "workload",
@@ -635,6 +636,7 @@ def run(args: argparse.Namespace) -> int:
         rounds.append(every)
     every = {m: _medians([r[m] for r in rounds]) for m in methods}
     ours = {p: every[p] for p in methods if p in first["rows"]}
+    status_line("igrt bench", "computing the table (the best packing of every step, per policy)")
     for p, s in ours.items():
         s["imbalance_best"] = best_imbalance(
             infos=first["infos"],
