@@ -41,7 +41,6 @@ from igpolicy.units import format_bandwidth
 from igrt.cli.options import add_testbed_arguments, spec_from_args
 from igrt.testbed import namespaces as testbed
 from igrt.testbed import netmeasure
-from igrt.train.launch import status_line, status_phase
 
 __all__ = ["POLICIES", "add_arguments", "plan_cases", "run", "spec_from_args", "train_on_testbed"]
 
@@ -222,6 +221,8 @@ def measure_on_testbed(
     except testbed.TestbedError as e:
         raise ValueError(f"igrt validate: {e}") from None
     t0, date = time.time(), time.strftime("%Y-%m-%d %H:%M:%S")
+    from igrt.train.launch import status_line
+
     status_line("igrt validate", f"building the testbed ({spec.num_ranks} rank namespaces, shaped links)")
     with testbed.Testbed(spec):
         status_line("igrt validate", f"timing {len(cases)} cases x {reps} reps on real gloo ranks")
@@ -292,6 +293,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"measured in {data['wall_s']:.0f} s -> {path}", flush=True)
     cmd = [sys.executable, "-m", "igsim.cli.validate_report", str(path), "--out", str(out)]
     cmd += ["--steps-dir", str(out / "steps")] if args.steps else []
+    from igrt.train.launch import status_phase
+
     with status_phase("igrt validate", "fitting the calibration and comparing (igsim)"):
         proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
     if proc.returncode != 0:

@@ -85,9 +85,17 @@ def run_ranks(
             deadline = time.monotonic() + timeout_s
             failed = []
             shown = 0  # bytes of rank 0's log already copied to stderr
+            started = heard = time.monotonic()
             while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
                 if follow:
-                    shown = _copy_new(Path(tmp) / "rank0.log", shown)
+                    now_shown = _copy_new(Path(tmp) / "rank0.log", shown)
+                    now = time.monotonic()
+                    if now_shown != shown:
+                        shown, heard = now_shown, now
+                    elif now - heard >= 5.0:  # ranks starting (imports, rendezvous) say nothing yet
+                        sys.stderr.write(f"... {what}: {p} rank(s) running ({now - started:.0f} s)\n")
+                        sys.stderr.flush()
+                        heard = now
                 time.sleep(0.25)
             if follow:
                 _copy_new(Path(tmp) / "rank0.log", shown)
