@@ -26,7 +26,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["PREFIX", "Testbed", "TestbedError", "TestbedSpec", "leftovers", "new_run_id", "run_ids",
+__all__ = ["PREFIX", "Testbed", "TestbedError", "TestbedSpec", "leftovers", "new_run_id", "run_ids", "support_problem",
            "teardown", "teardown_all"]  # fmt: skip
 
 PREFIX = "igtb-"
@@ -184,6 +184,15 @@ def teardown_all() -> list[str]:
     for ns in removed:
         _run(["ip", "netns", "del", ns], check=False)
     return removed
+
+
+def support_problem() -> str | None:
+    """Why no testbed can be built here (:func:`check_support`'s message), or None when one can."""
+    try:
+        check_support()
+    except TestbedError as e:
+        return str(e)
+    return None
 
 
 def check_support() -> None:

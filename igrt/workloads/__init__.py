@@ -109,9 +109,11 @@ class Workload(abc.ABC):
     def train_batches(self, rank: int, world_size: int, batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
         """Endless per-rank batches of ``batch_size`` examples (CPU tensors)."""
 
-    @abc.abstractmethod
     def loss(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Mean training loss of ``batch`` under ``model`` (a scalar with a graph)."""
+        """Mean training loss of ``batch`` under ``model`` (a scalar with a graph): the Hugging Face
+        model's own ``.loss`` on the batch moved to the model's device (every workload here)."""
+        device = _device_of(model)
+        return model(**{k: v.to(device) for k, v in batch.items()}).loss
 
     @abc.abstractmethod
     def evaluate(self, model: torch.nn.Module) -> dict[str, float]:

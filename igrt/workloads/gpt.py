@@ -167,10 +167,6 @@ class GPTWorkload(Workload):
             ids = _windows(tokens, rng.integers(0, len(tokens) - self.length, size=batch_size), self.length)
             yield {"input_ids": ids, "labels": ids}
 
-    def loss(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        device = _device_of(model)
-        return model(**{k: v.to(device) for k, v in batch.items()}).loss
-
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
         """``loss`` (nats per predicted byte) and ``bits_per_byte`` on evenly spaced held-out windows."""

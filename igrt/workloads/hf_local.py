@@ -28,7 +28,7 @@ import json
 import math
 import zlib
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -287,10 +287,6 @@ class HFLocalWorkload(Workload):
                 idx = torch.from_numpy(perm[start : start + batch_size])
                 yield {k: v[idx] for k, v in train.items()}
             epoch += 1
-
-    def loss(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        device = _device_of(model)
-        return model(**{k: v.to(device) for k, v in batch.items()}).loss
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module) -> dict[str, float]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -143,10 +143,6 @@ class MiniLMWorkload(Workload):
                 idx = torch.from_numpy(perm[start : start + batch_size])
                 yield {**{k: v[idx] for k, v in inputs.items()}, "labels": labels[idx]}
             epoch += 1
-
-    def loss(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        device = _device_of(model)
-        return model(**{k: v.to(device) for k, v in batch.items()}).loss
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module) -> dict[str, float]:

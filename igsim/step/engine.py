@@ -42,7 +42,7 @@ from igpolicy.decide import release_phases
 from igpolicy.plan import SyncPlan
 from igpolicy.step_plan import DDP_FIRST_BUCKET_CAP_BYTES, INTEGRATIONS, OpKind, WireTally, op_bytes
 from igpolicy.vocab import ComponentId, ParamInfo, StepMetrics
-from igpolicy.wire import BOUNDED_SPARSIFIERS, COUNT_BYTES, config_k, encoded_pairs_bytes, nominal_k
+from igpolicy.wire import BOUNDED_SPARSIFIERS, COUNT_BYTES, config_k, encoded_pairs_bytes, nominal_k, pairs_of
 from igsim.collectives.costs import CostCache
 from igsim.step.decisions import PlanLayout, PlanSource
 from igsim.step.results import SPAN_KINDS, SimResult
@@ -294,11 +294,11 @@ def _k_matrix(workload: Workload, config: PolicyConfig, *, world_size: int, para
         and math.isclose(workload.k_density, config.density, rel_tol=1e-9)
     ):
         return _whole(workload.k, workload, config, params), "trace"
-    nominal = np.array(
-        [nominal_k(int(n), config.density_for(_kind(p))) for n, p in zip(numel, params)]
-    )
-    nominal = np.broadcast_to(nominal.astype(np.int64), (workload.num_recorded_steps, len(numel)))
-    return _whole(nominal, workload, config, params), "nominal"
+    nominal = np.array(  # the wire's own rule: k of the kind's density, every entry when whole
+        [pairs_of(p, config) if config.sparse else nominal_k(int(n), config.density_for(_kind(p)))
+         for n, p in zip(numel, params)]
+    )  # fmt: skip
+    return np.broadcast_to(nominal.astype(np.int64), (workload.num_recorded_steps, len(numel))), "nominal"
 
 
 def _whole(k: np.ndarray, workload: Workload, config: PolicyConfig, params) -> np.ndarray:

@@ -10,16 +10,7 @@ import pytest
 
 from igrt.testbed import namespaces as testbed
 
-
-def _supported() -> str | None:
-    try:
-        testbed.check_support()
-    except testbed.TestbedError as e:
-        return str(e)
-    return None
-
-
-why = _supported()
+why = testbed.support_problem()
 pytestmark = pytest.mark.skipif(why is not None, reason=f"no testbed here: {why}")
 
 SERVER = r"""

@@ -114,15 +114,9 @@ def test_the_testbed_rendezvous_port_is_not_predictable(monkeypatch) -> None:
     assert ports[0::2] == ports[1::2]  # both ranks of a call agree
 
 
-def _supported() -> str | None:
-    try:
-        testbed.check_support()
-    except testbed.TestbedError as e:
-        return str(e)
-    return None
 
 
-@pytest.mark.skipif(_supported() is not None, reason=f"no testbed here: {_supported()}")
+@pytest.mark.skipif(testbed.support_problem() is not None, reason=f"no testbed here: {testbed.support_problem()}")
 def test_a_run_removes_its_own_namespaces_and_no_other_runs() -> None:
     other = testbed.new_run_id()
     others = [f"igtb-{other}-sw", f"igtb-{other}-r0"]  # another run's testbed, up while ours runs
