@@ -61,7 +61,9 @@ def test_soak_killed_and_resumed_loses_nothing(tmp_path) -> None:
         assert r.nonfinite_steps == 5 and r.skipped_steps == results[0].skipped_steps > 0
         assert r.max_gap_over_bound <= 1.0
     assert counts["rows"] == 3 * CRASH_STEPS and counts["compared"] == 3 * CRASH_STEPS
-    assert counts["redone"] >= 3 * (killed.killed_at - resumed.started_at)  # rank 0's rows at least
+    # rank 0 had logged killed_at steps when the kill was sent, so at least its rows from the resume
+    # point on were cut back and done again; the other ranks may lag rank 0 by a step or more
+    assert counts["redone"] >= killed.killed_at - resumed.started_at
 
 
 def test_verify_run_names_a_lost_or_duplicated_step(tmp_path) -> None:
