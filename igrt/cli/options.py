@@ -124,6 +124,14 @@ def add_testbed_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="rate of the slow NIC with --hetero, with a unit (default: --bandwidth / 4)",
     )
+    p.add_argument("--ring", action="store_true", help="3 ranks on a switchless ring: one shaped link per pair")
+    p.add_argument(
+        "--queue-ms",
+        type=float,
+        default=testbed.DEFAULT_QUEUE_S * 1e3,
+        metavar="MS",
+        help=f"every shaper's queue limit, ms of traffic (default {testbed.DEFAULT_QUEUE_S * 1e3:g})",
+    )
     for old, new in (("--rate", rate), ("--uplink-rate", uplink), ("--slow-rate", slow)):
         add_deprecated_alias(p, old, new)
 
@@ -142,4 +150,6 @@ def spec_from_args(args: argparse.Namespace) -> testbed.TestbedSpec:
         uplink_rate_bytes_per_s=uplink if args.two_level else None,
         slow_rank=args.ranks - 1 if args.hetero else None,
         slow_rate_bytes_per_s=slow if args.hetero else None,
+        ring=args.ring,
+        queue_s=args.queue_ms / 1e3,
     )

@@ -131,10 +131,10 @@ def _label(n: int) -> str:
 
 
 def _burst_s(spec: testbed.TestbedSpec) -> float:
-    """The shapers' token-bucket burst in seconds of line rate on the slowest link (the same rule
-    as :func:`igrt.testbed.namespaces._tbf`: max(2 frames, 2 ms of traffic))."""
+    """The shapers' token-bucket burst in seconds of line rate on the slowest link
+    (:func:`igrt.testbed.namespaces.burst_bytes`)."""
     rate = _bottleneck_bytes_per_s(spec)
-    return max(2 * (spec.mtu + 14), int(rate * 0.002)) / rate
+    return testbed.burst_bytes(rate, spec.mtu) / rate
 
 
 def _describe(spec: testbed.TestbedSpec) -> dict[str, Any]:
@@ -145,6 +145,8 @@ def _describe(spec: testbed.TestbedSpec) -> dict[str, Any]:
         "uplink_rate_bytes_per_s": spec.uplink_rate if spec.two_level else None,
         "slow_rank": spec.slow_rank,
         "slow_rate_bytes_per_s": spec.slow_rate_bytes_per_s,
+        "ring": spec.ring,
+        "queue_s": spec.queue_s,
         "mtu": spec.mtu,
         "burst_s": _burst_s(spec),
     }
@@ -221,6 +223,7 @@ def measure_on_testbed(
     except testbed.TestbedError as e:
         raise ValueError(f"igrt validate: {e}") from None
     t0, date = time.time(), time.strftime("%Y-%m-%d %H:%M:%S")
+    load_before = list(os.getloadavg())
     from igrt.train.launch import status_line
 
     status_line("igrt validate", f"building the testbed ({spec.num_ranks} rank namespaces, shaped links)")
@@ -228,6 +231,7 @@ def measure_on_testbed(
         status_line("igrt validate", f"timing {len(cases)} cases x {reps} reps on real gloo ranks")
         measured = netmeasure.measure(cases, spec=spec, reps=reps, warmup=warmup, timeout_s=timeout_s)
         wall = time.time() - t0
+        load_after = list(os.getloadavg())
         for policy in (steps or {}).get("policies", ()):
             t1 = time.time()
             train_on_testbed(spec, steps["dir"], policy=policy, workload=steps["workload"], steps=steps["steps"],
@@ -247,6 +251,11 @@ def measure_on_testbed(
         "host": measured.get("host", ""),
         "date": date,
         "wall_s": wall,
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "load_average_before": load_before,
+            "load_average_after": load_after,
+        },
         "cases": merged,
     }
 
@@ -265,13 +274,17 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     kept = claim_out(out, overwrite=args.overwrite, reuse=bool(args.steps))  # locked until the command ends
     if kept:
-        print(f"igrt validate: --overwrite keeps {' and '.join(map(str, kept))} for reuse (delete them to record anew)")
+        print(
+            f"igrt validate: --overwrite keeps {' and '.join(map(str, kept))} for reuse (delete them to record anew)"
+        )
     roles = {r: sum(c["role"] == r for c in cases) for r in ("calibration", "validation")}
     slow = spec.slow_rank
     print(
         f"igrt validate: {spec.num_ranks} ranks at {format_bandwidth(spec.rate_bytes_per_s)}"
         + (f", two-level uplink {format_bandwidth(spec.uplink_rate)}" if spec.two_level else "")
         + (f", rank {slow} at {format_bandwidth(spec.rank_rate(slow))}" if slow is not None else "")
+        + (", switchless ring" if spec.ring else "")
+        + f", {spec.queue_s * 1e3:g} ms shaper queues"
         + f"; {roles['calibration']} calibration + {roles['validation']} validation cases x {reps} reps"
         + (f"; then {args.steps} training steps of {', '.join(policies)}" if args.steps else ""),
         flush=True,

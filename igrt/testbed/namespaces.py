@@ -4,9 +4,14 @@ One namespace per rank (``igtb-<run>-r0`` …), each joined by a veth pair to a 
 namespace (``igtb-<run>-sw``). Every rank link is shaped in both directions with a token-bucket filter (``tbf``): on the
 rank side for rank → switch, on the switch side for switch → rank. The two-level variant puts half the
 ranks on a second bridge and joins the two bridges with one veth pair shaped to ``uplink_rate``; the
-heterogeneous variant gives one rank a slower NIC.
+heterogeneous variant gives one rank a slower NIC. The ring variant (3 ranks) has no switch: every
+rank is joined to each neighbour by a veth pair of its own (``eth0`` to rank r+1, ``eth1`` to rank
+r-1), each shaped both ways, so a ring collective's send and receive of one rank use different links.
 
-Addresses are 10.213.0.(i+1)/24 and exist only inside these namespaces: no route leads anywhere else.
+Every shaper's queue holds ``queue_s`` of traffic (``tbf latency``; default 10 ms, as a switch port
+would: the earlier 100 ms let a standing queue delay the reverse flow's ACKs on slow links).
+
+Addresses are 10.213.0.(i+1) and exist only inside these namespaces: no route leads anywhere else.
 ``netem`` is not in this kernel, so latency cannot be injected; the stack's own per-message overhead is
 what calibration fits.
 
@@ -30,6 +35,7 @@ __all__ = ["PREFIX", "Testbed", "TestbedError", "TestbedSpec", "leftovers", "new
            "teardown", "teardown_all"]  # fmt: skip
 
 PREFIX = "igtb-"
+DEFAULT_QUEUE_S = 0.010
 SUBNET = "10.213.0"
 RANK_IFNAME = "eth0"
 _RUN_ID = re.compile(r"[0-9a-z]{4,16}")
@@ -60,6 +66,8 @@ class TestbedSpec:
     ``two_level``: ranks [0, n/2) on bridge 0, the rest on bridge 1, bridges joined by one link of
     ``uplink_rate_bytes_per_s`` (default: the rank rate, i.e. 2:1 contention for cross traffic).
     ``slow_rank`` / ``slow_rate_bytes_per_s``: one rank with a slower NIC (heterogeneous case).
+    ``ring``: 3 ranks, each pair joined by its own shaped link (no switch).
+    ``queue_s``: every shaper's queue limit in seconds of traffic at its rate (tbf ``latency``).
     """
 
     __test__ = False
@@ -70,6 +78,8 @@ class TestbedSpec:
     uplink_rate_bytes_per_s: float | None = None
     slow_rank: int | None = None
     slow_rate_bytes_per_s: float | None = None
+    ring: bool = False
+    queue_s: float = DEFAULT_QUEUE_S
     mtu: int = 1500
     run_id: str = field(default_factory=new_run_id)
 
@@ -86,6 +96,13 @@ class TestbedSpec:
                 raise ValueError("testbed: slow_rank needs slow_rate_bytes_per_s > 0")
         if self.two_level and self.num_ranks < 4:
             raise ValueError("testbed: the two-level variant needs at least 4 ranks")
+        if self.ring and (self.num_ranks != 3 or self.two_level):
+            raise ValueError(
+                f"testbed: the ring variant is 3 ranks (--ranks 3) on a switchless ring, got {self.num_ranks} ranks"
+                + (" and two_level" if self.two_level else "")
+            )
+        if not (0.001 <= self.queue_s <= 1.0):
+            raise ValueError(f"testbed: queue_s must be in [0.001, 1] seconds, got {self.queue_s}")
 
     @property
     def switch_ns(self) -> str:
@@ -95,8 +112,9 @@ class TestbedSpec:
         return f"{PREFIX}{self.run_id}-r{rank}"
 
     def namespaces(self) -> list[str]:
-        """Every namespace of this testbed, the switch first."""
-        return [self.switch_ns, *(self.rank_ns(r) for r in range(self.num_ranks))]
+        """Every namespace of this testbed, the switch first (the ring has none)."""
+        ranks = [self.rank_ns(r) for r in range(self.num_ranks)]
+        return ranks if self.ring else [self.switch_ns, *ranks]
 
     def rank_addr(self, rank: int) -> str:
         return f"{SUBNET}.{rank + 1}"
@@ -128,10 +146,15 @@ def _ns(ns: str, *cmd: str) -> list[str]:
     return ["ip", "netns", "exec", ns, *cmd]
 
 
-def _tbf(ns: str, dev: str, rate_bytes_per_s: float, mtu: int) -> None:
-    """Shape ``dev``'s egress to ``rate``: burst of max(2 MTU, 2 ms of traffic), 100 ms queue."""
+def burst_bytes(rate_bytes_per_s: float, mtu: int) -> int:
+    """The token bucket's burst: max(2 frames, 2 ms of traffic at ``rate``)."""
+    return max(2 * (mtu + 14), int(rate_bytes_per_s * 0.002))
+
+
+def _tbf(ns: str, dev: str, rate_bytes_per_s: float, mtu: int, queue_s: float) -> None:
+    """Shape ``dev``'s egress to ``rate``: burst of :func:`burst_bytes`, a queue of ``queue_s``."""
     rate_bit = max(int(rate_bytes_per_s * 8), 8000)
-    burst = max(2 * (mtu + 14), int(rate_bytes_per_s * 0.002))
+    burst = burst_bytes(rate_bytes_per_s, mtu)
     _run(
         _ns(
             ns,
@@ -147,7 +170,7 @@ def _tbf(ns: str, dev: str, rate_bytes_per_s: float, mtu: int) -> None:
             "burst",
             str(burst),
             "latency",
-            "100ms",
+            f"{queue_s * 1e3:g}ms",
         )
     )
 
@@ -218,6 +241,13 @@ def setup(spec: TestbedSpec) -> None:
     taken = leftovers(spec.run_id)
     if taken:
         raise TestbedError(f"testbed run id {spec.run_id} is in use already ({' '.join(taken)})")
+    if spec.ring:
+        try:
+            _setup_ring(spec)
+        except BaseException:
+            teardown(spec.run_id)
+            raise
+        return
     sw = spec.switch_ns
     try:
         _run(["ip", "netns", "add", sw])
@@ -231,7 +261,7 @@ def setup(spec: TestbedSpec) -> None:
             for dev, br in (("up0", "br0"), ("up1", "br1")):
                 _run(_ns(sw, "ip", "link", "set", dev, "master", br))
                 _run(_ns(sw, "ip", "link", "set", dev, "up"))
-                _tbf(sw, dev, spec.uplink_rate, spec.mtu)
+                _tbf(sw, dev, spec.uplink_rate, spec.mtu, spec.queue_s)
         for r in range(spec.num_ranks):
             ns, port = spec.rank_ns(r), f"p{r}"
             _run(["ip", "netns", "add", ns])
@@ -257,11 +287,34 @@ def setup(spec: TestbedSpec) -> None:
             _run(_ns(ns, "ip", "addr", "add", f"{spec.rank_addr(r)}/24", "dev", RANK_IFNAME))
             _run(_ns(ns, "ip", "link", "set", RANK_IFNAME, "mtu", str(spec.mtu), "up"))
             rate = spec.rank_rate(r)
-            _tbf(ns, RANK_IFNAME, rate, spec.mtu)  # rank -> switch
-            _tbf(sw, port, rate, spec.mtu)  # switch -> rank
+            _tbf(ns, RANK_IFNAME, rate, spec.mtu, spec.queue_s)  # rank -> switch
+            _tbf(sw, port, rate, spec.mtu, spec.queue_s)  # switch -> rank
     except BaseException:
         teardown(spec.run_id)
         raise
+
+
+def _setup_ring(spec: TestbedSpec) -> None:
+    """Rank r's ``eth0`` is joined to rank r+1's ``eth1`` by a veth pair shaped both ways. Both of a
+    rank's links carry its address (/32) and a host route to the neighbour behind it, so gloo (bound
+    to ``eth0``'s address) reaches each neighbour over the direct link."""
+    p = spec.num_ranks
+    for r in range(p):
+        ns = spec.rank_ns(r)
+        _run(["ip", "netns", "add", ns])
+        _run(_ns(ns, "ip", "link", "set", "lo", "up"))
+    for r in range(p):
+        nxt = (r + 1) % p
+        a, b = spec.rank_ns(r), spec.rank_ns(nxt)
+        _run(_ns(a, "ip", "link", "add", RANK_IFNAME, "type", "veth", "peer", "name", "eth1", "netns", b))
+    for r in range(p):
+        ns = spec.rank_ns(r)
+        for dev, peer in ((RANK_IFNAME, (r + 1) % p), ("eth1", (r - 1) % p)):
+            _run(_ns(ns, "ip", "addr", "add", f"{spec.rank_addr(r)}/32", "dev", dev))
+            _run(_ns(ns, "ip", "link", "set", dev, "mtu", str(spec.mtu), "up"))
+            _run(_ns(ns, "ip", "route", "add", f"{spec.rank_addr(peer)}/32", "dev", dev, "src",
+                     spec.rank_addr(r)))  # fmt: skip
+            _tbf(ns, dev, min(spec.rank_rate(r), spec.rank_rate(peer)), spec.mtu, spec.queue_s)
 
 
 def exec_args(spec: TestbedSpec, rank: int) -> list[str]:

@@ -84,6 +84,8 @@ class TestbedDescription:
     uplink_rate_bytes_per_s: float | None = None
     slow_rank: int | None = None
     slow_rate_bytes_per_s: float | None = None
+    ring: bool = False
+    queue_s: float = 0.1  # files written before the field existed ran with 100 ms tbf queues
     burst_s: float = 0.0
 
     @classmethod
@@ -100,9 +102,25 @@ class TestbedDescription:
 
 def testbed_topology(tb: TestbedDescription) -> Topology:
     """The testbed as an igsim topology: ranks ``r0..`` on switch ``sw`` (class ``nic``); two-level:
-    ranks below p/2 on ``br0``, the rest on ``br1``, bridges joined by one ``uplink`` link. Link
-    latency is 0: the calibration's alpha is the whole per-message latency."""
+    ranks below p/2 on ``br0``, the rest on ``br1``, bridges joined by one ``uplink`` link; ring:
+    rank r joined to rank r+1 by a link of its own (class ``nic``; a slow rank's links are slow).
+    Link latency is 0: the calibration's alpha is the whole per-message latency."""
     p, rate = tb.num_ranks, float(tb.rate_bytes_per_s)
+    if tb.ring:
+        g = nx.Graph()
+
+        def bw(i: int) -> float:
+            return float(tb.slow_rate_bytes_per_s) if i == tb.slow_rank else rate
+
+        for i in range(p):
+            g.add_node(f"r{i}", kind="rank")
+        for i in range(p):
+            j = (i + 1) % p
+            g.add_edge(
+                f"r{i}", f"r{j}", bandwidth_bytes_per_s=min(bw(i), bw(j)), latency_s=0.0, link_class="nic"
+            )
+        ranks = tuple(f"r{i}" for i in range(p))
+        return Topology(graph=g, ranks=ranks, name=f"testbed-ring-{p}").validate(where="testbed")
     if not tb.two_level:
         overrides = {}
         if tb.slow_rank is not None:
