@@ -15,6 +15,7 @@ COMMANDS = {
     "collective": ("igsim.cli.collective", "predict the time of one collective"),
     "validate-against": ("igsim.cli.validate", "compare a prediction with a runtime measurement"),
     "validate-report": ("igsim.cli.validate_report", "fit a calibration to testbed measurements and report errors"),
+    "calibrate": ("igsim.cli.calibrate", "refit the testbed calibration from one igrt validate run; check it on others"),
 }
 FOLDERS = {"demo": None, "replay": None}  # commands that claim an output folder (igpolicy.cli_outputs)
 

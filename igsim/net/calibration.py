@@ -4,7 +4,12 @@ Fitted from testbed measurements (the validation tooling writes these files): pe
 per-message overhead ``alpha_s`` (software, framing, handshakes; added once per message, on top of
 the path's propagation latency) and an effective bandwidth, either as a factor of the nominal link
 bandwidth (TCP/IP framing and ACKs cost a few percent) or as an absolute figure; plus the reduction
-cost ``gamma_s_per_byte`` (seconds per byte a rank spends adding a received chunk into its buffer).
+cost ``gamma_s_per_byte`` (seconds per byte a rank spends adding a received chunk into its buffer),
+and optional per-operation multipliers on the effective bandwidth (``op_bandwidth_factors``, e.g.
+``{"all_gather": 0.94, "p2p": 1.08}``: on the testbed gloo's all-gather ring moves fewer bytes per
+second than its all-reduce ring on the same links, and one-way traffic more than either). They
+apply where a predictor knows the operation (:mod:`igsim.collectives.gloo` via
+:mod:`igsim.studies.validation`); flows that carry no operation use the link factors alone.
 
 A message crossing links of several classes pays the largest ``alpha_s`` among them once (the
 overhead is per message, set by the slowest transport on its way), and each link's capacity is
@@ -15,6 +20,7 @@ JSON layout (strict keys; numbers are SI units, strings with units are accepted 
     {"gamma_s_per_byte": 2.5e-10,
      "default": {"alpha_s": 0, "effective_bandwidth_factor": 1.0},
      "link_classes": {"nic": {"alpha_s": 3.1e-05, "effective_bandwidth_factor": 0.944}},
+     "op_bandwidth_factors": {"all_gather": 0.95, "p2p": 1.08},
      "source": "testbed 2025-01-01, 4 ranks, 100 Mbit/s"}
 """
 
@@ -85,7 +91,7 @@ class LinkCalibration:
 
 
 _LINK_KEYS = frozenset({"alpha_s", "effective_bandwidth_factor", "effective_bandwidth_bytes_per_s"})
-_TOP_KEYS = frozenset({"gamma_s_per_byte", "default", "link_classes", "source"})
+_TOP_KEYS = frozenset({"gamma_s_per_byte", "default", "link_classes", "op_bandwidth_factors", "source"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,12 +101,20 @@ class Calibration:
     link_classes: Mapping[str, LinkCalibration] = field(default_factory=dict)
     default: LinkCalibration = field(default_factory=LinkCalibration)
     gamma_s_per_byte: float = 0.0
+    op_bandwidth_factors: Mapping[str, float] = field(default_factory=dict)
     source: str = ""
 
     def __post_init__(self) -> None:
         g = self.gamma_s_per_byte
         if not (math.isfinite(g) and g >= 0):
             raise ValueError(f"calibration: gamma_s_per_byte={g!r} must be >= 0 and finite")
+        for op, f in self.op_bandwidth_factors.items():
+            if not isinstance(op, str) or not (isinstance(f, int | float) and math.isfinite(f) and f > 0):
+                raise ValueError(f"calibration: op_bandwidth_factors[{op!r}]={f!r} must be a number > 0")
+
+    def op_factor(self, op: str) -> float:
+        """The multiplier on every link's effective bandwidth for operation ``op`` (1 if unset)."""
+        return float(self.op_bandwidth_factors.get(op, 1.0))
 
     def for_class(self, link_class: str) -> LinkCalibration:
         return self.link_classes.get(link_class, self.default)
@@ -126,21 +140,30 @@ class Calibration:
             raise ValueError(
                 f"{where}: gamma_s_per_byte={data['gamma_s_per_byte']!r} is not a number"
             ) from None
-        return cls(
-            link_classes={
-                str(k): LinkCalibration.from_dict(v, where=f"{where}: link_classes.{k}")
-                for k, v in classes.items()
-            },
-            default=LinkCalibration.from_dict(data.get("default", {}), where=f"{where}: default"),
-            gamma_s_per_byte=gamma,
-            source=str(data.get("source", "")),
-        )
+        ops = data.get("op_bandwidth_factors", {})
+        if not isinstance(ops, Mapping):
+            raise ValueError(f"{where}: op_bandwidth_factors must be a mapping of op name -> factor")
+        try:
+            ops = {str(k): float(f) for k, f in ops.items()}
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: op_bandwidth_factors: every factor must be a number") from None
+        links = {
+            str(k): LinkCalibration.from_dict(v, where=f"{where}: link_classes.{k}")
+            for k, v in classes.items()
+        }
+        default = LinkCalibration.from_dict(data.get("default", {}), where=f"{where}: default")
+        try:
+            return cls(link_classes=links, default=default, gamma_s_per_byte=gamma, op_bandwidth_factors=ops,
+                       source=str(data.get("source", "")))  # fmt: skip
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "gamma_s_per_byte": self.gamma_s_per_byte,
             "default": self.default.to_dict(),
             "link_classes": {k: v.to_dict() for k, v in sorted(self.link_classes.items())},
+            "op_bandwidth_factors": dict(sorted(self.op_bandwidth_factors.items())),
             "source": self.source,
         }
 

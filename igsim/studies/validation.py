@@ -57,12 +57,15 @@ __all__ = [
     "fit",
     "kendall_tau",
     "load_measurements",
+    "measurement_path",
     "predict_case",
     "testbed_topology",
 ]
 
 CALIBRATION, VALIDATION = "calibration", "validation"
 DUPLEX_OPS = frozenset({"all_reduce", "reduce_scatter", "all_gather", "sparse_all_gather"})
+GATHER_OPS = frozenset({"all_gather", "sparse_all_gather"})
+STATISTICS = ("median", "min")
 DENSE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 TARGETS = {
     "dense_min_bytes": 256 * 1024,
@@ -166,6 +169,10 @@ class Case:
     def median_s(self) -> float:
         return float(statistics.median(self.times_s))
 
+    def time_s(self, statistic: str = "median") -> float:
+        """The median or the minimum of the reps (seconds)."""
+        return float(min(self.times_s)) if statistic == "min" else self.median_s
+
     @property
     def bytes(self) -> int:
         """The size that decides small vs large: n, or the largest per-rank payload (sparse)."""
@@ -174,6 +181,19 @@ class Case:
     @property
     def key(self) -> tuple:
         return (self.op, int(self.size_bytes), tuple(int(s) for s in self.sizes_bytes))
+
+
+def measurement_path(run: str | Path) -> Path:
+    """The measurement file of ``run``: an ``igrt validate`` folder (its ``measurements.json``) or
+    the file itself. ValueError names what is missing."""
+    p = Path(run)
+    if p.is_dir():
+        p = p / "measurements.json"
+        if not p.is_file():
+            raise ValueError(f"{run}: a folder without measurements.json (not an igrt validate output)")
+    elif not p.is_file():
+        raise ValueError(f"{run}: no such run folder or measurement file")
+    return p
 
 
 def load_measurements(path: str | Path) -> tuple[TestbedDescription, list[Case], dict[str, Any]]:
@@ -221,28 +241,68 @@ def check_disjoint(cases: Iterable[Case]) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class Fit:
-    """Fitted per-message overhead and effective-bandwidth factors (see the module docstring)."""
+    """Fitted per-message overhead and effective-bandwidth factors (see the module docstring).
+
+    ``gather_factor``: the all-gather family's own duplex factor (all-gather, sparse all-gather),
+    fitted from the large all-gather calibration cases with ``per_op=True``; None: the all-reduce
+    family's ``duplex_factor`` serves every duplex op (the one-factor model)."""
 
     alpha_s: float
     duplex_factor: float
     simplex_factor: float
+    gather_factor: float | None = None
     alpha_cases: Mapping[str, float] = field(default_factory=dict)
     rounds: int = 0
 
-    def calibration(self, topology: Topology, *, duplex: bool = True, source: str = "") -> Calibration:
-        """An igsim Calibration with this fit on every link class of ``topology``."""
-        link = LinkCalibration(
-            alpha_s=self.alpha_s,
-            effective_bandwidth_factor=self.duplex_factor if duplex else self.simplex_factor,
-        )
+    def factor(self, op: str) -> float:
+        """The effective-bandwidth factor of ``op``'s traffic."""
+        if op not in DUPLEX_OPS:
+            return self.simplex_factor
+        if op in GATHER_OPS and self.gather_factor is not None:
+            return self.gather_factor
+        return self.duplex_factor
+
+    def calibration(self, topology: Topology, *, source: str = "") -> Calibration:
+        """An igsim Calibration: alpha and the all-reduce family's duplex factor on every link class
+        of ``topology`` (data-parallel traffic is duplex); the other ops' factors as
+        ``op_bandwidth_factors`` relative to it. :meth:`from_calibration` reads it back."""
+        link = LinkCalibration(alpha_s=self.alpha_s, effective_bandwidth_factor=self.duplex_factor)
         classes = sorted({d["link_class"] for _, _, d in topology.graph.edges(data=True)})
-        return Calibration(link_classes={c: link for c in classes}, default=link, source=source)
+        ops = {
+            op: self.factor(op) / self.duplex_factor
+            for op in GLOO_OPS
+            if op not in ("all_reduce", "reduce_scatter")
+        }
+        return Calibration(link_classes={c: link for c in classes}, default=link, source=source,
+                           op_bandwidth_factors=ops)  # fmt: skip
+
+    @classmethod
+    def from_calibration(cls, calibration: Calibration) -> Fit:
+        """The fit a calibration written by :meth:`calibration` holds (its default link class).
+        ValueError when the calibration's link classes disagree (not one fit)."""
+        link = calibration.default
+        if any(c.to_dict() != link.to_dict() for c in calibration.link_classes.values()):
+            raise ValueError(
+                "calibration: link classes differ; a testbed fit has one alpha and factor for all"
+            )
+        base = link.effective_bandwidth_factor
+        ops = calibration.op_bandwidth_factors
+        gather = ops.get("all_gather")
+        return cls(
+            alpha_s=link.alpha_s,
+            duplex_factor=base,
+            simplex_factor=base * ops.get("p2p", 1.0),
+            gather_factor=None if gather is None or gather == 1.0 else base * gather,
+        )
 
 
 def predict_case(case: Case, topology: Topology, fit_: Fit, *, burst_s: float = 0.0) -> float:
-    """Seconds gloo takes for ``case`` on ``topology`` under ``fit_`` (duplex or simplex factor by
-    op); ``burst_s`` is the shapers' token-bucket burst (see :func:`igsim.collectives.gloo.predict_gloo`)."""
-    cal = fit_.calibration(topology, duplex=case.op in DUPLEX_OPS)
+    """Seconds gloo takes for ``case`` on ``topology`` under ``fit_`` (the op's factor,
+    :meth:`Fit.factor`); ``burst_s`` is the shapers' token-bucket burst (see
+    :func:`igsim.collectives.gloo.predict_gloo`)."""
+    link = LinkCalibration(alpha_s=fit_.alpha_s, effective_bandwidth_factor=fit_.factor(case.op))
+    classes = {d["link_class"] for _, _, d in topology.graph.edges(data=True)}
+    cal = Calibration(link_classes={c: link for c in classes}, default=link)
     return predict_gloo(
         case.op,
         topology=topology,
@@ -262,9 +322,15 @@ def fit(
     max_rounds: int = 30,
     rtol: float = 1e-9,
     burst_s: float = 0.0,
+    per_op: bool = True,
+    statistic: str = "median",
 ) -> Fit:
-    """Fit alpha and the two bandwidth factors from the *calibration* cases (validation cases are
-    ignored). ValueError when there is no small or no large duplex calibration case."""
+    """Fit alpha and the bandwidth factors from the *calibration* cases (validation cases are
+    ignored), matching each case's ``statistic`` of its reps ("median" or "min"). ``per_op``: the
+    all-gather family gets its own factor (from the large all-gather cases; the all-reduce factor
+    then comes from the other large duplex cases). ValueError when there is no small or no large
+    duplex calibration case."""
+    _check_statistic(statistic)
     cal = [c for c in cases if c.role == CALIBRATION]
     small = [c for c in cal if c.bytes <= small_max_bytes]
     large_duplex = [c for c in cal if c.bytes >= large_min_bytes and c.op in DUPLEX_OPS]
@@ -275,25 +341,31 @@ def fit(
         raise ValueError(
             f"calibration: no duplex collective of >= {large_min_bytes} bytes to fit bandwidth from"
         )
-    current = Fit(alpha_s=0.0, duplex_factor=1.0, simplex_factor=1.0)
+    large_gather = [c for c in large_duplex if c.op in GATHER_OPS] if per_op else []
+    large_reduce = [c for c in large_duplex if c.op not in GATHER_OPS] if large_gather else large_duplex
+    if not large_reduce:  # only gathers measured: one factor for every duplex op
+        large_reduce, large_gather = large_duplex, []
+    current = Fit(
+        alpha_s=0.0, duplex_factor=1.0, simplex_factor=1.0, gather_factor=1.0 if large_gather else None
+    )
     per_case: dict[str, float] = {}
+
+    def factor(sel: Sequence[Case], which: str, base: Fit) -> float:
+        return _fit_factor(sel, topology, base, which, burst_s, statistic)
+
     for rounds in range(1, max_rounds + 1):
-        per_case = {c.name: _solve_alpha(c, topology, current, burst_s) for c in small}
-        alpha = float(statistics.median(per_case.values()))
-        duplex = _fit_factor(
-            large_duplex, topology, replace(current, alpha_s=alpha), "duplex_factor", burst_s
-        )
-        simplex = (
-            _fit_factor(large_simplex, topology, replace(current, alpha_s=alpha), "simplex_factor", burst_s)
-            if large_simplex
-            else duplex
-        )
-        new = Fit(
-            alpha_s=alpha, duplex_factor=duplex, simplex_factor=simplex, alpha_cases=per_case, rounds=rounds
-        )
+        per_case = {c.name: _solve_alpha(c, topology, current, burst_s, statistic) for c in small}
+        base = replace(current, alpha_s=float(statistics.median(per_case.values())))
+        duplex = factor(large_reduce, "duplex_factor", base)
+        gather = factor(large_gather, "gather_factor", base) if large_gather else None
+        simplex = factor(large_simplex, "simplex_factor", base) if large_simplex else duplex
+        new = replace(base, duplex_factor=duplex, simplex_factor=simplex, gather_factor=gather,
+                      alpha_cases=per_case, rounds=rounds)  # fmt: skip
+        keys = ("alpha_s", "duplex_factor", "simplex_factor", "gather_factor")
         settled = all(
-            abs(getattr(new, k) - getattr(current, k)) <= rtol * max(abs(getattr(new, k)), 1e-12)
-            for k in ("alpha_s", "duplex_factor", "simplex_factor")
+            abs((getattr(new, k) or 0) - (getattr(current, k) or 0))
+            <= rtol * max(abs(getattr(new, k) or 0), 1e-12)
+            for k in keys
         )
         current = new
         if settled:
@@ -301,10 +373,15 @@ def fit(
     return current
 
 
-def _solve_alpha(case: Case, topology: Topology, base: Fit, burst_s: float) -> float:
-    """The alpha (>= 0) at which the prediction of ``case`` equals its median (0 if even alpha = 0
-    predicts too slow)."""
-    target = case.median_s
+def _check_statistic(statistic: str) -> None:
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic {statistic!r} is not one of {', '.join(STATISTICS)}")
+
+
+def _solve_alpha(case: Case, topology: Topology, base: Fit, burst_s: float, statistic: str) -> float:
+    """The alpha (>= 0) at which the prediction of ``case`` equals its measured ``statistic``
+    (0 if even alpha = 0 predicts too slow)."""
+    target = case.time_s(statistic)
 
     def gap(alpha: float) -> float:
         return predict_case(case, topology, replace(base, alpha_s=alpha), burst_s=burst_s) - target
@@ -317,13 +394,16 @@ def _solve_alpha(case: Case, topology: Topology, base: Fit, burst_s: float) -> f
     return float(optimize.brentq(gap, 0.0, hi, xtol=1e-15, rtol=1e-12))
 
 
-def _fit_factor(cases: Sequence[Case], topology: Topology, base: Fit, which: str, burst_s: float) -> float:
+def _fit_factor(
+    cases: Sequence[Case], topology: Topology, base: Fit, which: str, burst_s: float, statistic: str
+) -> float:
     """Least squares on relative error over ``cases`` for one bandwidth factor."""
 
     def loss(log_f: float) -> float:
         f = replace(base, **{which: math.exp(log_f)})
         return sum(
-            ((predict_case(c, topology, f, burst_s=burst_s) - c.median_s) / c.median_s) ** 2 for c in cases
+            ((predict_case(c, topology, f, burst_s=burst_s) - c.time_s(statistic)) / c.time_s(statistic)) ** 2
+            for c in cases
         )
 
     res = optimize.minimize_scalar(loss, bounds=(math.log(0.05), math.log(20.0)), method="bounded",
@@ -380,9 +460,7 @@ def _summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "worst_error": worst["error"],
     }
     if len(rows) >= 2:
-        out["kendall_tau"] = kendall_tau(
-            [r["measured_median_s"] for r in rows], [r["predicted_s"] for r in rows]
-        )
+        out["kendall_tau"] = kendall_tau([r["measured_s"] for r in rows], [r["predicted_s"] for r in rows])
     return out
 
 
@@ -393,15 +471,22 @@ def build_report(
     *,
     burst_s: float = 0.0,
     predictor: Callable[[Case], float] | None = None,
+    statistic: str = "median",
+    roles: Sequence[str] = (VALIDATION,),
 ) -> dict[str, Any]:
-    """Per case: role, median, spread, prediction, error; per family (op; all validation sizes in
-    ``families``, those >= 256 KiB in ``families_large``) and for the dense target group
-    (``dense_large``): MAPE, worst case, Kendall tau of the cases ranked by time. JSON-ready."""
+    """Per case: role, median, spread, prediction, error against the ``statistic`` of its reps;
+    over the cases of ``roles`` (the validation cases; both roles when the fit came from another
+    run) per family (op; all sizes in ``families``, those >= 256 KiB in ``families_large``), for the
+    dense target group (``dense_large``) and for every collective >= 256 KiB, sparse gathers
+    included (``collectives_large``, the target of issue 14): MAPE, worst case, Kendall tau of the
+    cases ranked by time. JSON-ready."""
+    _check_statistic(statistic)
     predictor = predictor or (lambda c: predict_case(c, topology, fit_, burst_s=burst_s))
     rows = []
     for c in cases:
         pred = predictor(c)
         med = c.median_s
+        ref = c.time_s(statistic)
         rows.append(
             {
                 "name": c.name,
@@ -414,14 +499,13 @@ def build_report(
                 "measured_min_s": min(c.times_s),
                 "measured_max_s": max(c.times_s),
                 "spread": (max(c.times_s) - min(c.times_s)) / med if med else math.nan,
+                "measured_s": ref,
                 "predicted_s": pred,
-                "error": (pred - med) / med if med else math.nan,
+                "error": (pred - ref) / ref if ref else math.nan,
             }
         )
-    val = [r for r in rows if r["role"] == VALIDATION]
-    large = [
-        r for r, c in zip(rows, cases) if r["role"] == VALIDATION and c.bytes >= TARGETS["dense_min_bytes"]
-    ]
+    val = [r for r in rows if r["role"] in roles]
+    large = [r for r, c in zip(rows, cases) if r["role"] in roles and c.bytes >= TARGETS["dense_min_bytes"]]
     families = {op: _summary(sel) for op in GLOO_OPS if (sel := [r for r in val if r["op"] == op])}
     families_large = {op: _summary(sel) for op in GLOO_OPS if (sel := [r for r in large if r["op"] == op])}
     dense = [r for r in large if r["op"] in DENSE_OPS]
@@ -430,6 +514,7 @@ def build_report(
             "alpha_s": fit_.alpha_s,
             "duplex_factor": fit_.duplex_factor,
             "simplex_factor": fit_.simplex_factor,
+            "gather_factor": fit_.gather_factor,
             "alpha_cases": dict(fit_.alpha_cases),
             "rounds": fit_.rounds,
         },
@@ -437,13 +522,17 @@ def build_report(
         "families": families,
         "families_large": families_large,
         "targets": dict(TARGETS),
+        "statistic": statistic,
+        "roles": list(roles),
     }
-    if dense:
-        d = _summary(dense)
-        d["meets_mean"] = d["mape"] <= TARGETS["dense_mean_error"]
-        d["meets_worst"] = abs(d["worst_error"]) <= TARGETS["dense_worst_error"]
-        report["dense_large"] = d
+    collectives = [r for r in large if r["op"] != "p2p"]
+    for key, sel in (("dense_large", dense), ("collectives_large", collectives)):
+        if sel:
+            d = _summary(sel)
+            d["meets_mean"] = d["mape"] <= TARGETS["dense_mean_error"]
+            d["meets_worst"] = abs(d["worst_error"]) <= TARGETS["dense_worst_error"]
+            report[key] = d
     if len(val) >= 2:
-        tau = kendall_tau([r["measured_median_s"] for r in val], [r["predicted_s"] for r in val])
+        tau = kendall_tau([r["measured_s"] for r in val], [r["predicted_s"] for r in val])
         report["validation_kendall_tau"] = tau
     return report

@@ -43,6 +43,8 @@ def _cases(truth: v.Fit, tb: v.TestbedDescription) -> list[v.Case]:
     topo = v.testbed_topology(tb)
     out = []
     for name, op, role, size in SPECS:
+        if isinstance(size, tuple):
+            size = size[-tb.num_ranks :]  # one per rank
         shape = {"sizes_bytes": size} if isinstance(size, tuple) else {"size_bytes": size}
         case = v.Case(name=name, op=op, role=role, times_s=(1.0,), **shape)
         t = v.predict_case(case, topo, truth, burst_s=tb.burst_s)
@@ -188,3 +190,66 @@ def test_report_command_end_to_end(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert {r["role"] for r in report["cases"]} == {"calibration", "validation"}
     assert report["dense_large"]["mape"] < 1e-5
+
+
+RING = v.TestbedDescription(num_ranks=3, rate_bytes_per_s=12.5e6, ring=True, burst_s=0.002)
+
+
+@pytest.mark.parametrize("tb", [STAR, TWO_LEVEL, HETERO, RING], ids=["star", "two-level", "hetero", "ring"])
+def test_per_op_fit_recovers_a_separate_all_gather_factor(tb):
+    truth = v.Fit(alpha_s=3e-4, duplex_factor=0.91, simplex_factor=0.96, gather_factor=0.84)
+    cases = _cases(truth, tb)
+    topo = v.testbed_topology(tb)
+    got = v.fit(cases, topo, burst_s=tb.burst_s)
+    assert got.gather_factor == pytest.approx(0.84, rel=1e-6)
+    assert got.duplex_factor == pytest.approx(0.91, rel=1e-6)
+    assert got.alpha_s == pytest.approx(3e-4, rel=1e-6)
+    one = v.fit(cases, topo, burst_s=tb.burst_s, per_op=False)  # the one-factor model cannot fit both
+    assert one.gather_factor is None and 0.84 < one.duplex_factor < 0.91
+    rep = v.build_report(cases, topo, got, burst_s=tb.burst_s)
+    assert rep["collectives_large"]["mape"] < 1e-5
+    assert v.build_report(cases, topo, one, burst_s=tb.burst_s)["collectives_large"]["mape"] > 1e-3
+
+
+def test_fit_round_trips_through_a_calibration_file(tmp_path):
+    fit = v.Fit(alpha_s=7e-4, duplex_factor=0.9, simplex_factor=0.97, gather_factor=0.85)
+    topo = v.testbed_topology(STAR)
+    fit.calibration(topo, source="test").save(tmp_path / "c.json")
+    cal = Calibration.load(tmp_path / "c.json")
+    assert cal.for_class("nic").effective_bandwidth_factor == 0.9  # what igsim simulate uses
+    back = v.Fit.from_calibration(cal)
+    for op in ("p2p", "all_reduce", "reduce_scatter", "all_gather", "broadcast", "sparse_all_gather"):
+        assert back.factor(op) == pytest.approx(fit.factor(op), rel=1e-12)
+    assert back.alpha_s == fit.alpha_s
+    data = json.loads((tmp_path / "c.json").read_text())
+    data["op_bandwidth_factors"]["all_gather"] = -1
+    with pytest.raises(ValueError, match="op_bandwidth_factors"):
+        Calibration.from_dict(data)
+
+
+def test_min_statistic_fits_and_compares_the_fastest_rep():
+    truth = v.Fit(alpha_s=4e-4, duplex_factor=0.88, simplex_factor=0.95)
+    cases = _cases(truth, STAR)  # reps are 0.9 t, t, 1.3 t: the min is 0.9 t
+    topo = v.testbed_topology(STAR)
+    fast = v.fit(cases, topo, burst_s=STAR.burst_s, statistic="min")
+    rep = v.build_report(cases, topo, fast, burst_s=STAR.burst_s, statistic="min")
+    assert fast.duplex_factor > truth.duplex_factor  # faster reps: more bandwidth
+    assert rep["statistic"] == "min" and all(r["measured_s"] == r["measured_min_s"] for r in rep["cases"])
+    with pytest.raises(ValueError, match="statistic"):
+        v.fit(cases, topo, statistic="mean")
+
+
+def test_ring_topology_gives_each_pair_its_own_link():
+    ring, star3 = (
+        v.testbed_topology(RING),
+        v.testbed_topology(v.TestbedDescription(num_ranks=3, rate_bytes_per_s=12.5e6)),
+    )
+    assert ring.path("r0", "r2") == ("r0", "r2")
+    fit = v.Fit(alpha_s=0.0, duplex_factor=1.0, simplex_factor=1.0)
+    bc = v.Case(name="bc", op="broadcast", role="validation", times_s=(1.0,), size_bytes=1 * MiB)
+    ar = v.Case(name="ar", op="all_reduce", role="validation", times_s=(1.0,), size_bytes=1 * MiB)
+    # binomial broadcast from rank 0 at p = 3: both children at once; the star shares rank 0's NIC
+    assert v.predict_case(bc, ring, fit) == pytest.approx(MiB / 12.5e6)
+    assert v.predict_case(bc, star3, fit) == pytest.approx(2 * MiB / 12.5e6)
+    # a ring all-reduce uses one link per direction either way: the same time
+    assert v.predict_case(ar, ring, fit) == pytest.approx(v.predict_case(ar, star3, fit))
