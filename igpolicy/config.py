@@ -96,6 +96,11 @@ class PolicyConfig:
       covers MiniLM's and GPT-2's vectors). See :func:`igpolicy.wire.param_k`.
     - ``warmup_steps``: every component sends on every step ``t < warmup_steps`` (the sparsifier
       still selects); the release schedule starts after it (0: off).
+    - ``replan_every`` / ``online_window``: online profiling (:mod:`igpolicy.online`; 0: off). Every
+      ``replan_every`` steps (once ``online_window`` steps were observed) the ranks reduce their
+      statistics of the last ``online_window`` steps and switch to the plan profiled from them at
+      the next step; before the first re-plan every component sends every step (or the given
+      plan is followed). Policy ``importance`` only.
     """
 
     policy: str = "importance"
@@ -116,6 +121,8 @@ class PolicyConfig:
     fresh_patterns: tuple[str, ...] = ()
     dense_small_numel: int = 0
     warmup_steps: int = 0
+    online_window: int = 0
+    replan_every: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -160,6 +167,7 @@ class PolicyConfig:
             raise bad("dense_small_numel", self.dense_small_numel, "must be >= 0 (0: off)")
         if int(self.warmup_steps) < 0:
             raise bad("warmup_steps", self.warmup_steps, "must be >= 0 (0: off)")
+        self._check_online(bad)
         if self.catch_up and not self.skip_unsent:
             raise bad("catch_up", self.catch_up, "needs skip_unsent=true (a zero grad steps the optimizer anyway)")
 
@@ -177,7 +185,7 @@ class PolicyConfig:
                 raise bad(key, getattr(self, key), "must be a string")
         for key in (
             "release_period", "bucket_cap_bytes", "index_bytes", "value_bytes", "seed",
-            "dense_small_numel", "warmup_steps",
+            "dense_small_numel", "warmup_steps", "online_window", "replan_every",
         ):  # fmt: skip
             if not is_int(getattr(self, key)):
                 raise bad(key, getattr(self, key), "must be an integer")
@@ -199,6 +207,25 @@ class PolicyConfig:
         for kind, d in dict(self.density_per_kind).items():
             if not is_number(d):
                 raise bad(f"density_per_kind[{kind}]", d, "must be a number")
+
+    def _check_online(self, bad) -> None:
+        """Online profiling: both keys >= 0, both set or neither, the importance policy only."""
+        for key in ("online_window", "replan_every"):
+            if int(getattr(self, key)) < 0:
+                raise bad(key, getattr(self, key), "must be >= 0 (0: off)")
+        if self.online_window > MAX_RELEASE_PERIOD:
+            raise bad("online_window", self.online_window, f"is above the limit {MAX_RELEASE_PERIOD:,}")
+        if self.replan_every and not self.online_window:
+            raise bad("replan_every", self.replan_every, "needs online_window >= 1 (the steps it profiles)")
+        if self.online_window and not self.replan_every:
+            raise bad("online_window", self.online_window, "needs replan_every >= 1 (0: profiling off)")
+        if self.replan_every and self.policy != "importance":
+            raise bad("replan_every", self.replan_every, f"is for policy 'importance', not {self.policy!r}")
+
+    @property
+    def online_profiling(self) -> bool:
+        """True when online profiling is on (``replan_every > 0``)."""
+        return self.replan_every > 0
 
     def density_for(self, kind: str) -> float:
         """The sparsifier density for a component kind (1.0 for the dense policy)."""
