@@ -15,6 +15,7 @@ from typing import Any
 
 from igpolicy.limits import MAX_RELEASE_PERIOD
 from igpolicy.vocab import ComponentKind
+from igpolicy.wire import INDEX_WIDTHS, VALUE_WIDTHS
 
 __all__ = ["POLICIES", "PolicyConfig", "check_keys"]
 
@@ -77,7 +78,9 @@ class PolicyConfig:
     - ``packing`` / ``num_buckets`` / ``bucket_cap_bytes``: how payloads are packed into buckets;
       with ``num_buckets`` None the count is ceil(total / bucket_cap_bytes).
     - ``collective``: ``auto`` chooses sparse gather vs dense all-reduce per bucket by cost.
-    - ``index_bytes`` / ``value_bytes``: wire widths (int32 indices, fp32 values by default).
+    - ``index_bytes`` / ``value_bytes``: wire widths (int32 indices, fp32 values by default);
+      ``index_bytes=2``: bucket-local 16-bit offsets, ``value_bytes=1``: int8 values with a scale
+      (dense all-reduces then travel in bf16); see :mod:`igpolicy.wire`.
     - ``skip_unsent``: parameters that sent nothing get ``grad = None`` (True) or a zero grad.
     - ``catch_up``: after the optimizer step, scale each parameter's update by the number of steps
       whose gradient it carries (1 for a parameter that sent on the previous step too; R for a low
@@ -157,10 +160,16 @@ class PolicyConfig:
             raise bad("bucket_cap_bytes", self.bucket_cap_bytes, "must be >= 1")
         if self.collective not in COLLECTIVES:
             raise bad("collective", self.collective, f"is not one of {', '.join(COLLECTIVES)}")
-        if self.index_bytes not in (4, 8):
-            raise bad("index_bytes", self.index_bytes, "must be 4 (int32) or 8 (int64)")
-        if self.value_bytes not in (2, 4):
-            raise bad("value_bytes", self.value_bytes, "must be 2 (bf16/fp16) or 4 (fp32)")
+        if self.index_bytes not in INDEX_WIDTHS:
+            raise bad(
+                "index_bytes", self.index_bytes,
+                "must be 2 (bucket-local 16-bit offsets with a block table), 4 (int32) or 8 (int64)",
+            )  # fmt: skip
+        if self.value_bytes not in VALUE_WIDTHS:
+            raise bad(
+                "value_bytes", self.value_bytes,
+                "must be 1 (int8 with one fp32 scale per payload; dense ops in bf16), 2 (bf16) or 4 (fp32)",
+            )  # fmt: skip
         if self.nonfinite not in NONFINITE:
             raise bad("nonfinite", self.nonfinite, f"is not one of {', '.join(NONFINITE)}")
         if int(self.dense_small_numel) < 0:

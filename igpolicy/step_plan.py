@@ -34,7 +34,7 @@ from igpolicy.choice import choose_collective
 from igpolicy.config import PolicyConfig
 from igpolicy.decide import StepDecision
 from igpolicy.vocab import CollectiveKind, ParamInfo
-from igpolicy.wire import BOUNDED_SPARSIFIERS, COUNT_BYTES, config_k, encoded_pairs_bytes
+from igpolicy.wire import BOUNDED_SPARSIFIERS, COUNT_BYTES, config_k, dense_value_bytes, pairs_layout
 
 __all__ = [
     "DDP_FIRST_BUCKET_CAP_BYTES",
@@ -142,25 +142,28 @@ def op_bytes(op: CollectiveOp, *, k: int, capacity: int, config: PolicyConfig) -
 
     ``k`` / ``capacity`` matter only to sparse gathers (``capacity``: the nominal pair count when
     ``op.padded_to_nominal``, else the largest count any rank exchanged). A count exchange counts
-    ``COUNT_BYTES`` metadata per bucket; a gather padded to nominal counts its header as metadata.
+    ``COUNT_BYTES`` metadata per bucket; a gather padded to nominal counts its header as metadata;
+    an issued gather counts its block table and scale (compact widths) as metadata too. A dense
+    all-reduce travels at :func:`igpolicy.wire.dense_value_bytes` per value.
     """
     ib, vb = config.index_bytes, config.value_bytes if op.value_bytes is None else op.value_bytes
     if op.kind == OpKind.COUNT_EXCHANGE:
         size = COUNT_BYTES * len(op.buckets)
         return OpBytes(metadata_bytes=size, wire_size_bytes=size)
     if op.kind == OpKind.DENSE_ALLREDUCE:
-        size = op.numel * vb
+        size = op.numel * dense_value_bytes(vb)
         return OpBytes(dense_bytes=size, wire_size_bytes=size)
     assert 0 <= k <= capacity, f"op {op.seq}: {k} pairs exceed the capacity {capacity}"
     meta = COUNT_BYTES if op.padded_to_nominal else 0
     if capacity == 0:
         return OpBytes(metadata_bytes=meta, issued=False)
+    lay = pairs_layout(capacity, index_bytes=ib, value_bytes=vb, numel=op.numel)
     return OpBytes(
         values_bytes=k * vb,
         indices_bytes=k * ib,
-        metadata_bytes=meta,
+        metadata_bytes=meta + lay.extra_metadata_bytes,
         padding_bytes=(capacity - k) * (ib + vb),
-        wire_size_bytes=encoded_pairs_bytes(capacity, index_bytes=ib, value_bytes=vb),
+        wire_size_bytes=lay.size_bytes,
     )
 
 
@@ -228,7 +231,9 @@ def _payload_op(
         numel=numel,
         nominal_nnz=numel if dense else nnz,
         padded_to_nominal=padded_to_nominal and not dense,
-        size_bytes=numel * vb if dense else encoded_pairs_bytes(nnz, index_bytes=ib, value_bytes=vb),
+        size_bytes=numel * dense_value_bytes(vb)
+        if dense
+        else pairs_layout(nnz, index_bytes=ib, value_bytes=vb, numel=numel).size_bytes,
         gate=gate,
         gate_params=gate_params,
     )

@@ -6,17 +6,40 @@ The runtime (``igrt.sync.comm``) lays buffers out with these functions and the s
 A sparse payload of one bucket is one rank's ``k`` (index, value) pairs, encoded as one uint8
 buffer padded to a ``capacity`` that every rank knows::
 
-    [ int64 k | capacity × index (index_bytes) | capacity × value (value_bytes) | pad to 8 ]
+    [ int64 k | block table | scale | capacity × index (index_bytes) | capacity × value (value_bytes) | pad to 8 ]
+
+The block table and the scale are present only for the compact widths:
+
+- ``index_bytes`` 4 / 8: int32 / int64 positions in the bucket's flat index space (no table).
+- ``index_bytes`` 2 (*bucket-local 16-bit indices*): the bucket's ``numel`` positions are split into
+  ``num_blocks(numel) = ceil(numel / 65,536)`` blocks of :data:`BLOCK_ENTRIES` positions; the block
+  table is one uint32 pair count per block (``4 · num_blocks`` bytes, a function of the bucket's
+  numel only), and the indices are uint16 offsets within their block, sorted ascending, block after
+  block: position = ``65,536 · block + offset``. The values travel in the same (sorted) order.
+- ``value_bytes`` 4 / 2: fp32 / bf16 values (no scale).
+- ``value_bytes`` 1 (*8-bit values*): one fp32 scale per payload (:data:`SCALE_BYTES`), then int8
+  values ``q = round(v / scale)`` with ``scale = max |v| / 127`` (symmetric absmax; 0 when every
+  value is 0); a value decodes as ``q · scale`` in fp32. The sender computes the same product, so
+  the rounding error ``v - q · scale`` stays in its residual (error feedback of the rounding,
+  exactly as for bf16).
+
+Sections follow one another without inner alignment (a decoder copies a misaligned section before
+viewing it); only the whole buffer is padded to :data:`ALIGN_BYTES`. The encoded size is therefore
+a deterministic function of (capacity, bucket numel, widths): :func:`encoded_pairs_bytes`.
 
 ``capacity`` is either the bucket's *nominal* pair count (a bounded sparsifier never selects
 more, so no count exchange is needed: the count travels in the header) or the largest count of
 any rank, learnt from a *count exchange* (one int64 per sparse bucket per rank, all-gathered).
-A dense payload is the bucket's ``numel`` values, zero-filled where nothing was selected.
+A dense payload is the bucket's ``numel`` values, zero-filled where nothing was selected; it
+travels at :func:`dense_value_bytes` per value: int8 values with per-rank scales cannot be summed
+by an all-reduce, so the dense ops of a ``value_bytes=1`` configuration travel in bf16 (2 B).
 
 Payload accounting (what :class:`igpolicy.vocab.StepMetrics` counts, per rank): ``k · value_bytes``
-value bytes, ``k · index_bytes`` index bytes, ``numel · value_bytes`` dense bytes, and
-``COUNT_BYTES`` metadata bytes per sparse bucket (in the count exchange, or as the header where
-there is none). Padding travels but is not payload; it is reported apart.
+value bytes, ``k · index_bytes`` index bytes, ``numel · dense_value_bytes`` dense bytes, and
+metadata bytes: ``COUNT_BYTES`` per sparse bucket (in the count exchange, or as the header where
+there is none) plus, per issued sparse gather, the block table and the scale
+(:attr:`PairsLayout.extra_metadata_bytes`). Padding (``(capacity - k) · (index_bytes + value_bytes)``
+and the final alignment) travels but is not payload; it is reported apart.
 """
 
 from __future__ import annotations
@@ -28,13 +51,20 @@ from igpolicy.vocab import ComponentId, ParamInfo
 
 __all__ = [
     "ALIGN_BYTES",
+    "BLOCK_ENTRIES",
     "BOUNDED_SPARSIFIERS",
     "COUNT_BYTES",
     "HEADER_BYTES",
+    "INDEX_WIDTHS",
+    "SCALE_BYTES",
+    "TABLE_ENTRY_BYTES",
+    "VALUE_WIDTHS",
     "PairsLayout",
     "config_k",
+    "dense_value_bytes",
     "encoded_pairs_bytes",
     "nominal_k",
+    "num_blocks",
     "pairs_layout",
     "pairs_of",
     "param_k",
@@ -44,6 +74,26 @@ HEADER_BYTES = 8  # int64 pair count at the head of every encoded sparse payload
 ALIGN_BYTES = 8  # encoded payloads are padded to a multiple of this
 COUNT_BYTES = 8  # one int64 pair count per sparse bucket (count exchange or header)
 BOUNDED_SPARSIFIERS = ("topk", "adtopk", "randomk")  # never select more than the nominal k
+INDEX_WIDTHS = (2, 4, 8)  # bytes per index: bucket-local uint16 offsets, int32, int64
+VALUE_WIDTHS = (1, 2, 4)  # bytes per value: int8 with a scale, bf16, fp32
+BLOCK_ENTRIES = 2**16  # flat positions per block of bucket-local 16-bit indices
+TABLE_ENTRY_BYTES = 4  # one uint32 pair count per block
+SCALE_BYTES = 4  # one fp32 scale per payload of 8-bit values
+
+
+def num_blocks(numel: int) -> int:
+    """Blocks of :data:`BLOCK_ENTRIES` positions that cover a bucket of ``numel`` (0 for empty)."""
+    return -(-max(int(numel), 0) // BLOCK_ENTRIES)
+
+
+def dense_value_bytes(value_bytes: int) -> int:
+    """Bytes per value of a dense all-reduce under a config's ``value_bytes``: the same, except
+    that 8-bit configurations all-reduce in bf16 (int8 values with per-rank scales do not sum).
+
+    >>> dense_value_bytes(4), dense_value_bytes(2), dense_value_bytes(1)
+    (4, 2, 2)
+    """
+    return 2 if value_bytes == 1 else int(value_bytes)
 
 
 def nominal_k(numel: int, density: float) -> int:
@@ -82,29 +132,70 @@ def pairs_of(param: ParamInfo, config) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class PairsLayout:
-    """Byte offsets of one rank's encoded sparse payload of ``capacity`` pairs."""
+    """Byte offsets of one rank's encoded sparse payload of ``capacity`` pairs (see module doc).
+
+    ``num_blocks`` is 0 unless the indices are bucket-local 16-bit ones; ``scale_offset`` is None
+    unless the values are 8-bit. ``extra_metadata_bytes`` = block table + scale (the header apart).
+    """
 
     capacity: int
+    num_blocks: int
+    table_offset: int
+    scale_offset: int | None
     index_offset: int
     value_offset: int
     size_bytes: int
+    extra_metadata_bytes: int
 
 
-def pairs_layout(capacity: int, *, index_bytes: int, value_bytes: int) -> PairsLayout:
-    """Where the header, the indices and the values of an encoded payload lie (see module doc)."""
+def _check_widths(index_bytes: int, value_bytes: int) -> None:
+    if index_bytes not in INDEX_WIDTHS:
+        raise ValueError(f"index_bytes={index_bytes!r} is not one of {INDEX_WIDTHS}")
+    if value_bytes not in VALUE_WIDTHS:
+        raise ValueError(f"value_bytes={value_bytes!r} is not one of {VALUE_WIDTHS}")
+
+
+def pairs_layout(
+    capacity: int, *, index_bytes: int, value_bytes: int, numel: int | None = None
+) -> PairsLayout:
+    """Where the header, block table, scale, indices and values of an encoded payload lie.
+
+    ``numel`` (the bucket's flat positions) is required for ``index_bytes=2``, whose block table
+    it sizes; it is ignored otherwise. Raises ValueError for a negative capacity, an unknown width,
+    or a missing ``numel``.
+    """
     if capacity < 0:
         raise ValueError(f"capacity must be >= 0, got {capacity}")
-    index_offset = HEADER_BYTES
+    _check_widths(index_bytes, value_bytes)
+    nb = 0
+    if index_bytes == 2:
+        if numel is None or numel < 0:
+            raise ValueError(f"index_bytes=2 needs the bucket's numel (got {numel!r})")
+        if capacity > numel:
+            raise ValueError(f"capacity {capacity} exceeds the bucket's {numel} positions")
+        nb = num_blocks(numel)
+    table_offset = HEADER_BYTES
+    scale_offset = table_offset + nb * TABLE_ENTRY_BYTES
+    index_offset = scale_offset + (SCALE_BYTES if value_bytes == 1 else 0)
     value_offset = index_offset + capacity * index_bytes
     raw = value_offset + capacity * value_bytes
     size = -(-raw // ALIGN_BYTES) * ALIGN_BYTES
-    return PairsLayout(capacity=capacity, index_offset=index_offset, value_offset=value_offset, size_bytes=size)
+    return PairsLayout(
+        capacity=capacity, num_blocks=nb, table_offset=table_offset,
+        scale_offset=scale_offset if value_bytes == 1 else None, index_offset=index_offset,
+        value_offset=value_offset, size_bytes=size, extra_metadata_bytes=index_offset - HEADER_BYTES,
+    )  # fmt: skip
 
 
-def encoded_pairs_bytes(capacity: int, *, index_bytes: int, value_bytes: int) -> int:
-    """Bytes per rank of one encoded sparse payload of ``capacity`` pairs (header and padding included).
+def encoded_pairs_bytes(
+    capacity: int, *, index_bytes: int, value_bytes: int, numel: int | None = None
+) -> int:
+    """Bytes per rank of one encoded sparse payload of ``capacity`` pairs (header, block table,
+    scale and padding included); ``numel`` as in :func:`pairs_layout`.
 
     >>> encoded_pairs_bytes(3, index_bytes=4, value_bytes=4)
     32
+    >>> encoded_pairs_bytes(3, index_bytes=2, value_bytes=1, numel=70_000)  # 8 + 2·4 + 4 + 3·2 + 3·1 -> 32
+    32
     """
-    return pairs_layout(capacity, index_bytes=index_bytes, value_bytes=value_bytes).size_bytes
+    return pairs_layout(capacity, index_bytes=index_bytes, value_bytes=value_bytes, numel=numel).size_bytes

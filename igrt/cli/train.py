@@ -29,6 +29,7 @@ from igpolicy.cli_util import add_deprecated_alias, reading
 from igpolicy.config import PACKINGS, POLICIES, SPARSIFIERS, PolicyConfig
 from igpolicy.limits import check_count
 from igpolicy.step_plan import INTEGRATIONS
+from igpolicy.wire import INDEX_WIDTHS, VALUE_WIDTHS
 from igrt.cli.options import add_workload_arguments, workload_spec
 from igrt.train.logs import LOG_FORMATS
 
@@ -64,6 +65,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "most 2 x value bytes / (ranks x (index + value bytes)), 1/ranks with 4-byte indices and values",
     )
     p.add_argument("--sparsifier", choices=SPARSIFIERS, default=None, help="entry selection (default topk)")
+    p.add_argument(
+        "--index-bytes",
+        type=int,
+        choices=INDEX_WIDTHS,
+        default=None,
+        help="bytes per sparse index on the wire: 4 int32 (default), 8 int64, 2 bucket-local 16-bit offsets "
+        "with a per-64Ki-block count table (docs/runtime.md, wire format)",
+    )
+    p.add_argument(
+        "--value-bytes",
+        type=int,
+        choices=VALUE_WIDTHS,
+        default=None,
+        help="bytes per value on the wire: 4 fp32 (default), 2 bf16, 1 int8 with one scale per payload "
+        "(dense all-reduces then in bf16); the rounding error stays in the residual",
+    )
     p.add_argument(
         "--record-trace",
         action="store_true",
@@ -178,6 +195,8 @@ def policy_config(args: argparse.Namespace) -> PolicyConfig:
         ("warmup_steps", args.sync_warmup_steps),
         ("collective", args.collective),
         ("sparsifier", args.sparsifier),
+        ("index_bytes", args.index_bytes),
+        ("value_bytes", args.value_bytes),
     ):
         if value is not None:
             data[key] = value

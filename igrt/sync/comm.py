@@ -4,8 +4,13 @@ The bytes counted are this rank's own payload, before any algorithm's replicatio
 simulator counts them (:class:`igpolicy.vocab.StepMetrics`):
 
 - a sparse gather of k (index, value) pairs: ``k · index_bytes`` index bytes + ``k · value_bytes``
-  value bytes, plus 8 metadata bytes (this rank's int64 pair count);
+  value bytes, plus 8 metadata bytes (this rank's int64 pair count) and, for the compact widths,
+  the block table and the scale (:mod:`igpolicy.wire`);
 - a dense all-reduce of n elements: ``n · value_bytes``.
+
+The layout of an encoded payload is :func:`igpolicy.wire.pairs_layout`'s; :func:`encode_pairs` /
+:func:`decode_pairs` write and read it (bucket-local 16-bit indices sorted and block-coded, 8-bit
+values with their scale: :func:`quantize_int8`).
 
 Padding to the largest rank's count travels on the wire but is not payload; it is counted apart
 (``padding_bytes``).
@@ -26,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from igpolicy.config import PolicyConfig
-from igpolicy.wire import HEADER_BYTES, pairs_layout
+from igpolicy.wire import BLOCK_ENTRIES, HEADER_BYTES, pairs_layout
 
 __all__ = [
     "CommCounter",
@@ -35,14 +40,15 @@ __all__ = [
     "check_agreement",
     "decode_pairs",
     "dense_all_reduce",
+    "dequantize_int8",
     "encode_pairs",
     "exchange_counts",
     "gather_pairs",
+    "quantize_int8",
     "sparse_all_gather",
     "wire_dtypes",
     "world_size",
 ]
-
 
 
 @dataclass
@@ -87,11 +93,36 @@ def _all_gather_flat(x: torch.Tensor, group, *, async_op: bool = False):
     return out, work
 
 
+_VALUE_DTYPES = {4: torch.float32, 2: torch.bfloat16, 1: torch.int8}
+
+
 def wire_dtypes(config: PolicyConfig) -> tuple[torch.dtype, torch.dtype]:
-    """(index dtype, value dtype) on the wire: int32/int64 and float32/bfloat16."""
+    """(index dtype in memory, value dtype on the wire): int32 for 4-byte indices, int64 for 8
+    and for the block-coded 2-byte ones (encoded by :func:`encode_pairs`); float32 / bfloat16 /
+    int8 (8-bit values are selected in fp32 and quantized per payload, :func:`quantize_int8`)."""
     index = torch.int32 if config.index_bytes == 4 else torch.int64
-    value = torch.float32 if config.value_bytes == 4 else torch.bfloat16
-    return index, value
+    return index, _VALUE_DTYPES[config.value_bytes]
+
+
+def quantize_int8(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 q, fp32 scale) of one payload's values: ``scale = max |v| / 127`` (0 when every value
+    is 0 or there is none), ``q = round(v / scale)``. A non-finite value makes the scale NaN, so
+    the payload decodes to NaN (a poisoned payload stays poisoned); its q is 0."""
+    v = values.detach().to(torch.float32).reshape(-1)
+    if v.numel() == 0:
+        return torch.empty(0, dtype=torch.int8, device=v.device), torch.zeros((), device=v.device)
+    amax = v.abs().amax()
+    if not bool(torch.isfinite(amax)):
+        nan = torch.full((), torch.nan, device=v.device)
+        return torch.zeros(v.shape, dtype=torch.int8, device=v.device), nan
+    scale = amax / 127.0  # 0 when every value is 0 (or so tiny that it underflows): nothing is sent
+    q = torch.zeros_like(v) if float(scale) == 0.0 else torch.round(v / scale).clamp_(-127, 127)
+    return q.to(torch.int8), scale
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp32 values of int8 ``q`` at ``scale`` (the sender and every receiver compute the same)."""
+    return q.to(torch.float32) * scale.to(torch.float32)
 
 
 def aggregate_pairs(
@@ -111,21 +142,75 @@ def aggregate_pairs(
 
 
 # --------------------------------------------------------------------------- encoding
-def encode_pairs(indices: torch.Tensor, values: torch.Tensor, *, capacity: int) -> torch.Tensor:
-    """One rank's pairs as a uint8 buffer laid out by :func:`igpolicy.wire.pairs_layout`: int64
-    count, indices, values, each padded to ``capacity``."""
+def _put(buf: torch.Tensor, offset: int, t: torch.Tensor) -> None:
+    """Copy ``t``'s bytes into ``buf`` at ``offset`` (no alignment needed)."""
+    raw = t.contiguous().reshape(-1).view(torch.uint8)
+    buf[offset : offset + raw.numel()].copy_(raw)
+
+
+def _get(buf: torch.Tensor, offset: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """``count`` elements of ``dtype`` at byte ``offset`` of ``buf`` (a copy when misaligned)."""
+    size = torch.empty(0, dtype=dtype).element_size()
+    raw = buf[offset : offset + count * size]
+    if count == 0:
+        return torch.empty(0, dtype=dtype, device=buf.device)
+    if (buf.storage_offset() + offset) % size:
+        raw = raw.clone()
+    return raw.view(dtype)
+
+
+def _block_code(
+    indices: torch.Tensor, numel: int, num_blocks: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sort order, uint32 counts per block as int64, int16 offsets) of bucket-local 16-bit indices."""
+    idx = indices.to(torch.int64)
+    if idx.numel() and not (int(idx.min()) >= 0 and int(idx.max()) < numel):
+        raise ValueError(f"encode_pairs: an index lies outside the bucket's {numel} positions")
+    order = torch.argsort(idx, stable=True)
+    idx = idx[order]
+    counts = torch.bincount(idx // BLOCK_ENTRIES, minlength=num_blocks)
+    off = idx % BLOCK_ENTRIES
+    off = torch.where(off >= 2**15, off - 2**16, off).to(torch.int16)  # uint16 bits in an int16
+    return order, counts, off
+
+
+def encode_pairs(
+    indices: torch.Tensor,
+    values: torch.Tensor,
+    *,
+    capacity: int,
+    index_bytes: int | None = None,
+    numel: int | None = None,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One rank's pairs as a uint8 buffer laid out by :func:`igpolicy.wire.pairs_layout`.
+
+    ``index_bytes`` defaults to the indices' element size; 2 means bucket-local 16-bit indices
+    over the bucket's ``numel`` positions (sorted here, the values with them). The value width is
+    the values' dtype: int8 values need their fp32 ``scale`` (:func:`quantize_int8`).
+    """
     k = indices.numel()
     if k != values.numel():
         raise ValueError(f"encode_pairs: {k} indices but {values.numel()} values")
     assert k <= capacity, f"encode_pairs: {k} pairs exceed the capacity {capacity}"
-    ib, vb = indices.element_size(), values.element_size()
-    lay = pairs_layout(capacity, index_bytes=ib, value_bytes=vb)
+    ib = indices.element_size() if index_bytes is None else int(index_bytes)
+    vb = values.element_size()
+    if (vb == 1) != (scale is not None):
+        raise ValueError("encode_pairs: int8 values need a scale, and only they take one")
+    lay = pairs_layout(capacity, index_bytes=ib, value_bytes=vb, numel=numel)
     buf = torch.zeros(lay.size_bytes, dtype=torch.uint8, device=values.device)
     buf[:HEADER_BYTES].view(torch.int64).fill_(k)
-    i0, v0 = lay.index_offset, lay.value_offset
+    if ib == 2:
+        order, counts, off = _block_code(indices, int(numel), lay.num_blocks)
+        _put(buf, lay.table_offset, counts.to(torch.int32))
+        indices, values = off, values.reshape(-1)[order]
+    elif indices.element_size() != ib:
+        raise ValueError(f"encode_pairs: {indices.dtype} indices for index_bytes={ib}")
+    if scale is not None:
+        _put(buf, lay.scale_offset, scale.reshape(1).to(torch.float32))
     if k:
-        buf[i0 : i0 + k * ib].view(indices.dtype).copy_(indices)
-        buf[v0 : v0 + k * vb].view(values.dtype).copy_(values)
+        _put(buf, lay.index_offset, indices)
+        _put(buf, lay.value_offset, values)
     return buf
 
 
@@ -136,20 +221,36 @@ def decode_pairs(
     capacity: int,
     index_dtype: torch.dtype,
     value_dtype: torch.dtype,
+    index_bytes: int | None = None,
+    numel: int | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Inverse of :func:`encode_pairs` over the all-gathered buffers of ``num_ranks`` ranks."""
-    ib = torch.empty(0, dtype=index_dtype).element_size()
+    """Inverse of :func:`encode_pairs` over the all-gathered buffers of ``num_ranks`` ranks.
+
+    With ``index_bytes=2`` (bucket-local, needs ``numel``) the indices come back as int64 positions,
+    sorted; int8 values come back as fp32 ``q · scale``.
+    """
+    ib = torch.empty(0, dtype=index_dtype).element_size() if index_bytes is None else int(index_bytes)
     vb = torch.empty(0, dtype=value_dtype).element_size()
-    lay = pairs_layout(capacity, index_bytes=ib, value_bytes=vb)
+    lay = pairs_layout(capacity, index_bytes=ib, value_bytes=vb, numel=numel)
     chunk = lay.size_bytes
     assert flat.numel() == num_ranks * chunk, "decode_pairs: buffer length does not match"
     out = []
-    i0, v0 = lay.index_offset, lay.value_offset
     for r in range(num_ranks):
         buf = flat[r * chunk : (r + 1) * chunk]
         k = int(buf[:HEADER_BYTES].view(torch.int64).item())
         assert 0 <= k <= capacity, f"decode_pairs: rank {r} claims {k} pairs, capacity {capacity}"
-        out.append((buf[i0 : i0 + k * ib].view(index_dtype), buf[v0 : v0 + k * vb].view(value_dtype)))
+        if ib == 2:
+            counts = _get(buf, lay.table_offset, lay.num_blocks, torch.int32).to(torch.int64)
+            assert int(counts.sum()) == k, f"decode_pairs: rank {r}'s block table does not hold {k} pairs"
+            off = _get(buf, lay.index_offset, k, torch.int16).to(torch.int64) & (BLOCK_ENTRIES - 1)
+            blocks = torch.repeat_interleave(torch.arange(lay.num_blocks, device=buf.device), counts)
+            idx = blocks * BLOCK_ENTRIES + off
+        else:
+            idx = _get(buf, lay.index_offset, k, index_dtype)
+        vals = _get(buf, lay.value_offset, k, value_dtype)
+        if vb == 1:
+            vals = dequantize_int8(vals, _get(buf, lay.scale_offset, 1, torch.float32)[0])
+        out.append((idx, vals))
     return out
 
 
@@ -188,16 +289,16 @@ class GatherResult:
     index_dtype: torch.dtype
     value_dtype: torch.dtype
     empty_device: torch.device | None = None
+    index_bytes: int | None = None  # None: the index dtype's size; 2: bucket-local over ``numel``
+    numel: int | None = None
 
     def wait(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         if self.flat is None:  # every rank had nothing: no collective was run
             dev = self.empty_device
-            return [
-                (
-                    torch.empty(0, dtype=self.index_dtype, device=dev),
-                    torch.empty(0, dtype=self.value_dtype, device=dev),
-                )
-            ] * self.num_ranks
+            vdt = torch.float32 if self.value_dtype == torch.int8 else self.value_dtype
+            idt = torch.int64 if self.index_bytes == 2 else self.index_dtype
+            empty = (torch.empty(0, dtype=idt, device=dev), torch.empty(0, dtype=vdt, device=dev))
+            return [empty] * self.num_ranks
         if self.work is not None:
             self.work.wait()
             self.work = None
@@ -212,6 +313,8 @@ class GatherResult:
             capacity=self.capacity,
             index_dtype=self.index_dtype,
             value_dtype=self.value_dtype,
+            index_bytes=self.index_bytes,
+            numel=self.numel,
         )
 
 
@@ -223,26 +326,38 @@ def gather_pairs(
     group=None,
     counter: CommCounter | None = None,
     async_op: bool = False,
+    index_bytes: int | None = None,
+    numel: int | None = None,
+    scale: torch.Tensor | None = None,
 ) -> GatherResult:
     """All-gather (index, value) pairs padded to ``capacity`` (known to every rank); one collective.
 
     ``capacity`` must be the same on every rank and at least this rank's pair count (the maximum
     of :func:`exchange_counts`, or a bound every rank knows such as the nominal k). With
-    ``capacity == 0`` no collective runs. Counts payload bytes (not padding) in ``counter``.
+    ``capacity == 0`` no collective runs. ``index_bytes`` / ``numel`` / ``scale`` as in
+    :func:`encode_pairs`. Counts payload bytes (not padding) in ``counter``, and the block table
+    and scale as metadata.
     """
     p = world_size(group)
     k = indices.numel()
+    ib = indices.element_size() if index_bytes is None else int(index_bytes)
+    vb = values.element_size()
     if counter is not None:
-        counter.indices_bytes += k * indices.element_size()
-        counter.values_bytes += k * values.element_size()
-        counter.padding_bytes += (capacity - k) * (indices.element_size() + values.element_size())
+        counter.indices_bytes += k * ib
+        counter.values_bytes += k * vb
+        counter.padding_bytes += (capacity - k) * (ib + vb)
     if capacity == 0:
-        return GatherResult(None, None, p, 0, indices.dtype, values.dtype, empty_device=values.device)
-    buf = encode_pairs(indices, values, capacity=capacity)
+        return GatherResult(None, None, p, 0, indices.dtype, values.dtype, empty_device=values.device,
+                            index_bytes=index_bytes, numel=numel)  # fmt: skip
+    buf = encode_pairs(indices, values, capacity=capacity, index_bytes=index_bytes, numel=numel, scale=scale)
     flat, work = _all_gather_flat(buf, group, async_op=async_op)
     if counter is not None:
         counter.num_collectives += 1
-    return GatherResult(flat, work, p, capacity, indices.dtype, values.dtype)
+        lay = pairs_layout(capacity, index_bytes=ib, value_bytes=vb, numel=numel)
+        counter.metadata_bytes += lay.extra_metadata_bytes
+    return GatherResult(
+        flat, work, p, capacity, indices.dtype, values.dtype, index_bytes=index_bytes, numel=numel
+    )
 
 
 def sparse_all_gather(

@@ -11,6 +11,12 @@ magnitude, ``e = u`` with the sent entries zeroed); a sparse payload is the conc
 (index + offset in the op, value) pairs of its parameters, a dense one the zero-filled values.
 The averaged result of every sending parameter is an fp32 flat tensor (sum over ranks in rank
 order, divided by the world size), identical on every rank.
+
+Compact widths (:mod:`igpolicy.wire`): with ``value_bytes=1`` a sparse payload's parameters are
+selected in fp32 (:func:`igrt.sync.residuals.select_param`), the concatenated payload is quantized
+with one scale (:func:`igrt.sync.comm.quantize_int8`) and each parameter's residual keeps
+``u[S] - q · scale``; its dense ops travel in bf16 (:func:`igpolicy.wire.dense_value_bytes`).
+With ``index_bytes=2`` indices are int64 in memory and block-coded by the encoder.
 """
 
 from __future__ import annotations
@@ -24,10 +30,11 @@ import torch
 
 from igpolicy.step_plan import CollectiveOp, OpBytes, OpKind, StepPlan, WireTally, op_bytes
 from igpolicy.vocab import StepMetrics
+from igpolicy.wire import dense_value_bytes
 from igrt.sync import comm
 from igrt.sync.comm import aggregate_pairs
 from igrt.sync.metrics import PhaseTimer
-from igrt.sync.residuals import send_param
+from igrt.sync.residuals import select_param, send_param
 
 __all__ = ["Executor", "OpRecord", "StepRun", "union_length"]
 
@@ -150,6 +157,7 @@ class _Payload:
     indices: torch.Tensor | None = None
     values: torch.Tensor | None = None
     flat: torch.Tensor | None = None  # dense payload
+    scale: torch.Tensor | None = None  # fp32 scale of int8 values (value_bytes=1)
 
 
 class Executor:
@@ -158,9 +166,14 @@ class Executor:
 
     def __init__(self, sync: Any, *, value_dtype: torch.dtype | None = None) -> None:
         self.sync = sync
-        self.value_dtype = sync.value_dtype if value_dtype is None else value_dtype
-        self.ib = torch.empty(0, dtype=sync.index_dtype).element_size()
-        self.vb = torch.empty(0, dtype=self.value_dtype).element_size()
+        wire = sync.value_dtype if value_dtype is None else value_dtype
+        self.quantize = wire == torch.int8  # 8-bit values: selected in fp32, quantized per payload
+        self.value_dtype = torch.float32 if self.quantize else wire  # sparse values as selected
+        self.dense_dtype = torch.bfloat16 if self.quantize else wire
+        self.ib = int(sync.config.index_bytes)
+        self.vb = torch.empty(0, dtype=wire).element_size()
+        self.dense_vb = dense_value_bytes(self.vb)
+        assert self.dense_vb == torch.empty(0, dtype=self.dense_dtype).element_size()
 
     # ------------------------------------------------------------------ non-finite gradients
     @staticmethod
@@ -200,7 +213,7 @@ class Executor:
         if op.kind == OpKind.DENSE_ALLREDUCE:
             for name, n in zip(op.param_names, op.param_numel):
                 run.sent_k[name] = n
-            return _Payload(op=op, k=0, flat=torch.full((op.numel,), float("nan"), dtype=self.value_dtype, device=s.device))
+            return _Payload(op=op, k=0, flat=torch.full((op.numel,), float("nan"), dtype=self.dense_dtype, device=s.device))
         if op.numel == 0:  # nothing to carry a NaN in (only empty parameters): an empty payload
             empty = torch.empty(0, dtype=s.index_dtype, device=s.device)
             return _Payload(op=op, k=0, indices=empty, values=torch.empty(0, dtype=self.value_dtype, device=s.device))
@@ -239,23 +252,34 @@ class Executor:
         """Select and encode ``op``'s payload from ``grads(name)`` (residuals updated); with
         ``poison`` the NaN payload of :meth:`poison` instead."""
         if poison:
-            return self.poison(op, grads, run)
+            pl = self.poison(op, grads, run)
+            if self.quantize and pl.flat is None:
+                pl.values, pl.scale = comm.quantize_int8(pl.values)  # NaN stays NaN (in the scale)
+            return pl
         s = self.sync
         dense = op.kind == OpKind.DENSE_ALLREDUCE
+        quantize = self.quantize and not dense
         if not dense and op.numel >= 2**31 and s.index_dtype == torch.int32:
             raise ValueError(
                 f"bucket {op.bucket} holds {op.numel} elements, too many for int32 indices; "
                 "set index_bytes=8 or a smaller bucket_cap_bytes"
             )
-        flat = torch.zeros(op.numel, dtype=self.value_dtype, device=s.device) if dense else None
+        flat = torch.zeros(op.numel, dtype=self.dense_dtype, device=s.device) if dense else None
         idx_parts, val_parts, off = [], [], 0
+        pending = []  # quantize: (name, u, idx) whose residual waits for the payload's scale
         for name, n, k in zip(op.param_names, op.param_numel, op.param_k):
             p = s.params[name]
             with run.timer.phase("select"):
-                idx, vals = send_param(
-                    s.residuals, s.sparsifier, name=name, grad=grads(name), like=p, k=k,
-                    step=run.step, value_dtype=self.value_dtype,
-                )  # fmt: skip
+                if quantize:
+                    u, idx, vals = select_param(
+                        s.residuals, s.sparsifier, name=name, grad=grads(name), like=p, k=k, step=run.step
+                    )
+                    pending.append((name, u, idx))
+                else:
+                    idx, vals = send_param(
+                        s.residuals, s.sparsifier, name=name, grad=grads(name), like=p, k=k,
+                        step=run.step, value_dtype=self.dense_dtype if dense else self.value_dtype,
+                    )  # fmt: skip
             with run.timer.phase("pack"):
                 sent = n if idx is None else int(idx.numel())
                 run.sent_k[name] = sent
@@ -263,7 +287,7 @@ class Executor:
                 if dense:
                     target = flat[off : off + n]
                     target.copy_(vals) if idx is None else target.index_copy_(0, idx, vals)
-                    nbytes = n * self.vb
+                    nbytes = n * self.dense_vb
                 else:
                     if idx is None:
                         idx = torch.arange(n, device=s.device)
@@ -278,7 +302,18 @@ class Executor:
         with run.timer.phase("pack"):
             ic = torch.cat(idx_parts) if idx_parts else torch.empty(0, dtype=s.index_dtype, device=s.device)
             vc = torch.cat(val_parts) if val_parts else torch.empty(0, dtype=self.value_dtype, device=s.device)
-        return _Payload(op=op, k=int(ic.numel()), indices=ic, values=vc)
+        if not quantize:
+            return _Payload(op=op, k=int(ic.numel()), indices=ic, values=vc)
+        with run.timer.phase("pack"):  # one scale for the payload; each residual keeps its rounding error
+            q, scale = comm.quantize_int8(vc)
+            travelled = comm.dequantize_int8(q, scale)
+            at = 0
+            for name, u, idx in pending:
+                part = travelled[at : at + run.sent_k[name]]
+                at += run.sent_k[name]
+                s.residuals.after_send(name, u, idx, sent_values=part)
+                run.sent[name] = (idx, part)
+        return _Payload(op=op, k=int(ic.numel()), indices=ic, values=q, scale=scale)
 
     # ------------------------------------------------------------------ launching
     def _launch(self, pl: _Payload, capacity: int, run: StepRun):
@@ -296,7 +331,10 @@ class Executor:
                 return pl.flat.to(torch.float32).div_(s.world_size)
 
             return work, finish_dense
-        handle = comm.gather_pairs(pl.indices, pl.values, capacity=capacity, group=s.group, async_op=True)
+        handle = comm.gather_pairs(
+            pl.indices, pl.values, capacity=capacity, group=s.group, async_op=True,
+            index_bytes=self.ib, numel=op.numel, scale=pl.scale,
+        )  # fmt: skip
 
         def finish_sparse(wait: bool = True) -> torch.Tensor:
             pairs = handle.wait() if wait or handle.flat is None else handle.decode()

@@ -5,7 +5,9 @@ Per parameter ``p`` at each optimizer step (the semantics of ARCHITECTURE.md):
 1. ``u = g + e``: :meth:`ResidualState.accumulate` adds the new local gradient (any float dtype)
    to the fp32 residual and returns ``u`` (fp32, the residual buffer itself, updated in place);
 2. :meth:`after_send` records what went on the wire and leaves ``e = u`` with the sent entries
-   zeroed (or holding the wire's rounding error when values travel in bf16/fp16);
+   zeroed (or holding the wire's rounding error when values travel in bf16/fp16, or as int8 with a
+   payload scale: :func:`select_param` selects first, the caller quantizes the whole payload,
+   then hands the values as they travel to :meth:`after_send`);
    :meth:`hold` leaves ``e = u`` when nothing is sent.
 
 Keys are fully qualified parameter names, never bucket indices: DDP rebuilds its buckets after the
@@ -26,7 +28,7 @@ import torch
 
 from igrt.sync.sparsifiers import Sparsifier
 
-__all__ = ["ResidualState", "send_param"]
+__all__ = ["ResidualState", "select_param", "send_param"]
 
 
 class ResidualState:
@@ -220,6 +222,26 @@ class ResidualState:
                     self._sum_sent[n] = torch.zeros_like(e, dtype=torch.float64)
 
 
+def select_param(
+    residuals: ResidualState,
+    sparsifier: Sparsifier | None,
+    *,
+    name: str,
+    grad: torch.Tensor | None,
+    like: torch.Tensor,
+    k: int | None,
+    step: int,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """``u = g + e`` and the selection S, the residual not yet updated: (u, int64 indices or None
+    for every entry, fp32 ``u[S]``). Finish with :meth:`ResidualState.after_send` (``u``, the
+    indices and the values as they travel) before ``u`` changes."""
+    u = residuals.accumulate(name, grad, like=like)
+    if k is None or sparsifier is None:
+        return u, None, u.view(-1).clone()
+    idx = sparsifier.select(u, k, step=step, key=name)
+    return u, idx, u.view(-1)[idx]
+
+
 def send_param(
     residuals: ResidualState,
     sparsifier: Sparsifier | None,
@@ -233,14 +255,10 @@ def send_param(
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """``u = g + e``; select S (``k=None`` or no sparsifier: every entry); ``e = u`` with S sent.
 
-    Returns (int64 indices into the flat parameter or None for all, values in ``value_dtype``).
+    Returns (int64 indices into the flat parameter or None for all, values in ``value_dtype``);
+    a float ``value_dtype`` (8-bit values are quantized per payload: :func:`select_param`).
     """
-    u = residuals.accumulate(name, grad, like=like)
-    if k is None or sparsifier is None:
-        values = u.view(-1).to(value_dtype, copy=True)
-        residuals.after_send(name, u, None, sent_values=None if value_dtype == torch.float32 else values)
-        return None, values
-    idx = sparsifier.select(u, k, step=step, key=name)
-    values = u.view(-1)[idx].to(value_dtype)
+    u, idx, exact = select_param(residuals, sparsifier, name=name, grad=grad, like=like, k=k, step=step)
+    values = exact if value_dtype == torch.float32 else exact.to(value_dtype)
     residuals.after_send(name, u, idx, sent_values=None if value_dtype == torch.float32 else values)
     return idx, values

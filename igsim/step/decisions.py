@@ -19,6 +19,7 @@ from igpolicy.config import PolicyConfig
 from igpolicy.planner import StepPlanner
 from igpolicy.step_plan import DDP_FIRST_BUCKET_CAP_BYTES, CollectiveOp, Gate, OpKind, StepPlan, ddp_buckets
 from igpolicy.vocab import ParamInfo
+from igpolicy.wire import dense_value_bytes
 
 __all__ = ["PlanLayout", "PlanSource"]
 
@@ -65,10 +66,10 @@ class PlanLayout:
         return out
 
     def low_bytes(self, k: np.ndarray, *, index_bytes: int, value_bytes: int) -> int:
-        """Bytes of low-importance parameters on the wire (sparse pairs + dense values), as the
-        runtime counts them per parameter."""
+        """Bytes of low-importance parameters on the wire (sparse pairs + dense values at
+        :func:`igpolicy.wire.dense_value_bytes`), as the runtime counts them per parameter."""
         pairs = int(np.asarray(k)[self.low_sparse].sum())
-        return pairs * (index_bytes + value_bytes) + self.low_dense_numel * value_bytes
+        return pairs * (index_bytes + value_bytes) + self.low_dense_numel * dense_value_bytes(value_bytes)
 
 
 def _layout(plan: StepPlan, index_of: dict[str, int], low_mask: np.ndarray) -> PlanLayout:
