@@ -12,6 +12,12 @@ Your own model and data instead of a reference workload (nothing is downloaded):
 
     igrt train --model ./my-gpt2 --data corpus.jsonl --policy topk --steps 200 --lr 1e-4 --schedule cosine
     igrt train --model ./my-bert --data reviews.csv --text-column review --label-column stars --policy topk
+
+Online profiling instead of a plan: the run profiles itself over a sliding window and re-plans
+(``--online-window W --replan-every P``, defaults 25 and 25; every component sends until the first
+re-plan), writing every plan it followed to ``plans.jsonl``:
+
+    igrt train --workload gpt --policy importance --online-profile --steps 300 --out runs/online
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from igrt.cli.options import add_workload_arguments, workload_spec
 from igrt.train.logs import LOG_FORMATS
 
 __all__ = ["add_arguments", "options_from_args", "policy_config", "run"]
+
+ONLINE_DEFAULT_STEPS = 25  # --online-profile's window and re-plan period unless given
 
 
 
@@ -115,6 +123,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="W",
         help="every component sends on each of the first W steps, then the release schedule starts (0: off)",
+    )
+    p.add_argument(
+        "--online-profile",
+        action="store_true",
+        help="policy importance without --plan: profile this run over a sliding window and re-plan every "
+        f"--replan-every steps, all ranks agreeing (window and period default {ONLINE_DEFAULT_STEPS}; "
+        "every component sends until the first re-plan; plans.jsonl lists every plan)",
+    )
+    p.add_argument(
+        "--online-window", type=int, default=None, metavar="W", help="steps each online re-plan profiles"
+    )
+    p.add_argument(
+        "--replan-every", type=int, default=None, metavar="P", help="steps between online re-plans"
     )
     p.add_argument("--tiny", action="store_true", help="tiny random-init model (tests, smoke runs)")
     p.add_argument("--seed", type=int, default=0, help="model, data and sparsifier seed (default 0)")
@@ -200,6 +221,13 @@ def policy_config(args: argparse.Namespace) -> PolicyConfig:
     ):
         if value is not None:
             data[key] = value
+    for key, value in (("online_window", args.online_window), ("replan_every", args.replan_every)):
+        if value is not None:
+            data[key] = value
+        elif args.online_profile:
+            data.setdefault(key, ONLINE_DEFAULT_STEPS)
+    if args.online_profile and "catch_up" not in data:
+        data["catch_up"] = True  # what every profiled plan with low components recommends (policy_defaults)
     if "policy" not in data:
         raise ValueError(f"give --policy ({', '.join(POLICIES)}) or 'policy' in --config")
     data.setdefault("seed", args.seed)

@@ -5,7 +5,8 @@ adds the after-backward ``step()``, :class:`igrt.integrations.ddp_hook.Importanc
 from DDP's buckets, and the DeepSpeed optimizer steps a Synchronizer. Adapters use its public
 methods (``hold``, ``advance_step``, ``restore_step``, ``record``, ``decide``, ``plan_step``,
 ``flush``, ``state_dict``); none writes its fields. See the Synchronizer's module docstring for the
-per-parameter semantics.
+per-parameter semantics. With online profiling (``PolicyConfig.replan_every > 0``) ``online`` holds an
+:class:`igrt.sync.online.OnlineProfiler` and :meth:`SyncState.apply_plan` switches plans between steps.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ class SyncState:
     boundaries so phase times are device times.
     """
 
+    supports_online = False  # online profiling measures in Synchronizer.step (the DDP hook does not)
+
     def __init__(
         self,
         model_or_named_params: Any,
@@ -93,11 +96,22 @@ class SyncState:
             raise ValueError("Synchronizer: param_infos do not name the model's trainable parameters")
         self.infos = infos
         self.config = config
-        self.plan = plan
         self.group = group
         self.world_size = comm.world_size(group)
         self.rank = dist.get_rank(group) if self.world_size > 1 or dist.is_initialized() else 0
         self.device = next(iter(self.params.values())).device
+        self.blocks: list[PayloadBlock] = payload_blocks(infos, config)
+        if config.online_profiling:
+            if not self.supports_online:
+                raise ValueError(
+                    f"online profiling (replan_every={config.replan_every}) runs in the after-backward "
+                    "Synchronizer (integrations sync and deepspeed), not in the DDP hook"
+                )
+            if plan is None:  # before the first re-plan: every component sends every step
+                from igrt.sync.online import initial_plan
+
+                plan = initial_plan(self)
+        self.plan = plan
         try:  # a plan that does not fit the model must fail on every rank, not hang the others
             self.phases = release_phases(plan=plan, config=config, component_keys=[i.component for i in infos])
             plan_error: ValueError | None = None
@@ -106,7 +120,6 @@ class SyncState:
         self.sparsifier = sparsifier if sparsifier is not None else default_sparsifier(config)
         self.index_dtype, self.value_dtype = wire_dtypes(config)
         self.residuals = ResidualState(track_sums=track_sums)
-        self.blocks: list[PayloadBlock] = payload_blocks(infos, config)
         self.planner = StepPlanner(
             config=config, params=infos, world_size=self.world_size, phases=self.phases, blocks=self.blocks
         )
@@ -130,6 +143,22 @@ class SyncState:
             raise ValueError(f"{e}; {plan_error}" if plan_error else str(e)) from None
         if plan_error is not None:
             raise plan_error
+        self.online = None
+        if config.online_profiling:
+            from igrt.sync.online import OnlineProfiler
+
+            self.online = OnlineProfiler(self)
+
+    def apply_plan(self, plan: SyncPlan) -> None:
+        """Follow ``plan`` from the next step on (online re-plans): new release phases and planner;
+        residuals, the step counter and catch-up's last steps are untouched, so nothing held is lost."""
+        keys = [i.component for i in self.infos]
+        self.phases = release_phases(plan=plan, config=self.config, component_keys=keys)
+        self.planner = StepPlanner(
+            config=self.config, params=self.infos, world_size=self.world_size, phases=self.phases,
+            blocks=self.blocks,
+        )  # fmt: skip
+        self.plan = plan
 
     # ------------------------------------------------------------------ start-up
     def _check_agreement(self, *, plan_fits: str = "yes") -> None:
@@ -279,6 +308,7 @@ class SyncState:
             "flushed": self.residuals.is_zero(),
             "residuals": self.residuals.state_dict(),
             "last_sent": dict(self.last_sent),
+            **({"online": self.online.state_dict()} if self.online is not None else {}),
         }
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
@@ -311,6 +341,10 @@ class SyncState:
         # parameter had just stepped (scale 1)
         saved_last = sd.get("last_sent") or {} if sd["world_size"] == self.world_size else {}
         self.last_sent = {n: int(saved_last.get(n, self.step_index - 1)) for n in self.last_sent}
+        if self.online is not None:
+            if "online" not in sd:
+                raise ValueError("sync state has no online-profiling state (saved by a run without it)")
+            self.online.load_state_dict(sd["online"], same_world=sd["world_size"] == self.world_size)
 
     def parameters(self) -> Iterable[tuple[str, torch.nn.Parameter]]:
         return self.params.items()

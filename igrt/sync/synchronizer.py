@@ -24,6 +24,13 @@ update of a parameter is scaled by the steps its gradient carries (:mod:`igrt.sy
 Values travel in fp32 (``value_bytes=4``) or bf16 (``value_bytes=2``; the rounding error stays in the
 residual). At start-up every rank all-gathers a fingerprint of plan, config, parameters and sparsifier
 and raises ValueError on every rank when they differ.
+
+With online profiling (``PolicyConfig.replan_every > 0``, :mod:`igrt.sync.online`) ``step()`` also
+measures the raw local gradients at the window's steps, before any residual is added, and after a
+step that ends a re-plan period it reduces the window, agrees on the new plan and follows it from
+the next step; the reduction's bytes are in that step's ``metadata_bytes``. No plan is needed then::
+
+    sync = Synchronizer(model, config=PolicyConfig(online_window=20, replan_every=20), plan=None)
 """
 
 from __future__ import annotations
@@ -56,6 +63,8 @@ class Synchronizer(SyncState):
     boundaries so phase times are device times.
     """
 
+    supports_online = True
+
     def step(self, *, compute_s: float = 0.0) -> StepMetrics:
         """Synchronize the gradients in ``p.grad`` (call at the accumulation boundary, after backward).
 
@@ -74,6 +83,10 @@ class Synchronizer(SyncState):
         def grads(name: str) -> torch.Tensor | None:
             return None if name in bad else self.params[name].grad
 
+        if self.online is not None:
+            with run.timer.phase("online"):  # the raw local gradients, before any residual is added
+                self.online.observe(t, grads)
+
         with run.timer.phase("hold"):
             for name in self.params:
                 if name not in plan.sending_params:
@@ -88,4 +101,5 @@ class Synchronizer(SyncState):
                     _set_grad(p, run.results.get(name), skip_unsent=self.config.skip_unsent)
         self.note_sent([n for n in self.params if n in run.results], t)
         self.advance_step()
-        return self._record(run, compute_s=compute_s)
+        extra = self.online.after_step(t, run) if self.online is not None else {}  # re-plan for t + 1
+        return self._record(run, compute_s=compute_s, extra=extra)

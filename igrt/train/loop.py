@@ -100,8 +100,13 @@ class TrainOptions:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.integration not in INTEGRATIONS:
             raise ValueError(f"--integration {self.integration!r} is not one of {', '.join(INTEGRATIONS)}")
-        if self.config.policy == "importance" and self.plan is None:
-            raise ValueError("policy 'importance' needs --plan PLAN.json (igsim profile TRACE -o PLAN.json)")
+        if self.config.policy == "importance" and self.plan is None and not self.config.online_profiling:
+            raise ValueError(
+                "policy 'importance' needs --plan PLAN.json (igsim profile TRACE -o PLAN.json) "
+                "or --online-profile"
+            )
+        if self.config.online_profiling and self.integration == "ddp-hook":
+            raise ValueError("--online-profile runs with --integration sync or deepspeed, not ddp-hook")
         from igrt.train.logs import check_log_formats
 
         check_log_formats(tuple(self.log))
@@ -119,6 +124,7 @@ class RankOutcome:
     train_s: float
     op_rows: tuple[dict[str, Any], ...] = ()  # every rank's executed ops (record_trace), rank 0 only
     ddp: dict[str, Any] | None = None  # DDP's bucket caps (ddp-hook)
+    plans: tuple[dict[str, Any], ...] = ()  # online profiling: every plan followed (plans.jsonl rows)
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -470,6 +476,7 @@ def train_on_rank(ctx, options: TrainOptions, *, workload=None) -> RankOutcome:
         train_s=train_s,
         op_rows=tuple(op_rows),
         ddp=run.ddp_info(),
+        plans=tuple(run.sync.online.history) if run.sync.online is not None else (),
     )
     if o.out and ctx.rank == 0:
         _status(o, ctx.rank, f"writing metrics.csv, summary.json, eval.json, model.pt to {o.out}")
@@ -655,11 +662,47 @@ def _write_outputs(out: Path, *, options: TrainOptions, outcome: RankOutcome, mo
     if plan is not None:
         _write_atomically(out / "plan.json", plan.save)
         summary["files"].append("plan.json")
+    if outcome.plans:
+        lines = "".join(json.dumps(p, sort_keys=True, allow_nan=False) + "\n" for p in outcome.plans)
+        _write_atomically(out / "plans.jsonl", lambda p: p.write_text(lines))
+        final = SyncPlan.from_json(outcome.plans[-1]["plan"], where="plans.jsonl")
+        _write_atomically(out / "online-plan.json", final.save)
+        summary["online_profile"] = online_summary(options.config, outcome)
+        summary["files"] += ["plans.jsonl", "online-plan.json"]
     if options.record_trace:
         _write_atomically(out / "ops.csv", lambda p: _write_ops(p, outcome.op_rows))
         summary["files"] += ["trace/", "ops.csv"]
     text = json.dumps(summary, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n"
     _write_atomically(out / "summary.json", lambda p: p.write_text(text))
+
+
+def online_summary(config: PolicyConfig, outcome: RankOutcome) -> dict[str, Any]:
+    """summary.json's ``online_profile``: the re-plans, the final plan, and the bytes of profiling
+    (the window all-reduces and agreement checks, already inside ``stats.bytes_per_step``)."""
+    plans = outcome.plans
+    final = plans[-1]
+    settled = final["step"]
+    for p in reversed(plans):
+        if (p["important"], p["low"]) != (final["important"], final["low"]):
+            break
+        settled = p["step"]
+    ranks = max(len({r.rank for r in outcome.rows}), 1)
+    online_bytes = sum(r.extra.get("online_bytes", 0.0) for r in outcome.rows) / ranks
+    steps = max(len({r.step for r in outcome.rows}), 1)
+    return {
+        "online_window": config.online_window,
+        "replan_every": config.replan_every,
+        "num_replans": len(plans) - 1,
+        "replan_steps": [p["step"] for p in plans[1:]],
+        "num_changes": sum(plans[i]["fingerprint"] != plans[i + 1]["fingerprint"] for i in range(len(plans) - 1)),
+        "final_fingerprint": final["fingerprint"],
+        "final_important": final["important"],
+        "final_low": final["low"],
+        "settled_since_step": settled,  # the first step of the final important/low split
+        "profiling_bytes_per_rank": online_bytes,
+        "profiling_bytes_per_step": online_bytes / steps,
+        "files": ["plans.jsonl", "online-plan.json"],
+    }
 
 
 def _write_ops(path: Path, rows: tuple[dict[str, Any], ...]) -> None:
