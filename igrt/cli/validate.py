@@ -10,7 +10,7 @@ imports igsim: the measurement file is the interface (layout in :mod:`igsim.stud
 Cases (sizes are each rank's full buffer n; see :mod:`igrt.testbed.netbench`):
 
 - calibration: small p2p / all-reduce / all-gather (alpha), large p2p (one-way bandwidth), large
-  all-reduce / all-gather (duplex bandwidth);
+  all-reduce / all-gather at 512 KiB and 2 MiB (duplex bandwidth, one factor per ring op);
 - validation: other sizes of all-reduce and all-gather, reduce-scatter, broadcast, sparse
   all-gather with skewed per-rank sizes, p2p. No validation case repeats a calibration case.
 
@@ -108,7 +108,10 @@ def plan_cases(num_ranks: int, *, max_bytes: int, quick: bool = False) -> list[d
     else:
         cases += [dense("p2p", cal, n) for n in (1 * KiB, 16 * KiB)]
         cases += [dense("all_reduce", cal, 16 * KiB), dense("all_gather", cal, 16 * KiB)]
-        cases += [dense("all_reduce", cal, 512 * KiB)] if big != 512 * KiB else []
+        # two large sizes per ring op, so each op's bandwidth factor rests on more than one case
+        cases += (
+            [dense(op, cal, 512 * KiB) for op in ("all_reduce", "all_gather")] if big != 512 * KiB else []
+        )
         sizes = [64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 8 * MiB]
         cases += [dense(op, val, n) for op in ("all_reduce", "all_gather") for n in sizes if fits(n)]
         cases += [dense(op, val, n) for op in ("reduce_scatter", "broadcast")

@@ -36,7 +36,11 @@ from typing import Any
 from igpolicy.config import check_keys
 from igpolicy.units import parse_bandwidth, parse_time
 
-__all__ = ["Calibration", "LinkCalibration"]
+__all__ = ["TESTBED_DEFAULT", "Calibration", "LinkCalibration"]
+
+# The calibration of the namespace testbed (igrt testbed: 100 Mbit/s rank links, tbf shapers),
+# refit with ``igsim calibrate`` on a fresh ``igrt validate`` run; its source says which.
+TESTBED_DEFAULT = Path(__file__).resolve().parent.parent / "data" / "testbed_calibration.json"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,6 +180,11 @@ class Calibration:
         except json.JSONDecodeError as e:
             raise ValueError(f"calibration file {path}: not valid JSON ({e})") from None
         return cls.from_dict(data, where=f"calibration file {path}")
+
+    @classmethod
+    def testbed_default(cls) -> Calibration:
+        """The shipped calibration of the namespace testbed (:data:`TESTBED_DEFAULT`)."""
+        return cls.load(TESTBED_DEFAULT)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")

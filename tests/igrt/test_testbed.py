@@ -83,6 +83,30 @@ def test_hetero_slow_nic_and_crash_cleanup():
     assert testbed.leftovers(spec.run_id) == testbed.leftovers(second.run_id) == []
 
 
+def test_ring_links_each_pair_directly_and_tears_down():
+    rate = 40e6 / 8
+    spec = testbed.TestbedSpec(num_ranks=3, rate_bytes_per_s=rate, ring=True, queue_s=0.01)
+    with testbed.Testbed(spec):
+        assert (
+            set(testbed.leftovers(spec.run_id))
+            == set(spec.namespaces())
+            == {spec.rank_ns(r) for r in range(3)}
+        )  # no switch namespace
+        qdiscs = testbed_qdiscs(spec, 0)
+        assert qdiscs.count("tbf") == 2 and "lat 10ms" in qdiscs  # both of rank 0's links shaped
+        # each neighbour over its own direct link at the shaped rate
+        for dst in (1, 2):
+            assert 0.85 * rate < _goodput_bytes_per_s(spec, 0, dst, 2**20) < 1.05 * rate
+    assert testbed.leftovers(spec.run_id) == []
+
+
+def testbed_qdiscs(spec: testbed.TestbedSpec, rank: int) -> str:
+    proc = subprocess.run(
+        [*testbed.exec_args(spec, rank), "tc", "qdisc", "show"], capture_output=True, text=True
+    )
+    return proc.stdout
+
+
 def test_bad_specs():
     with pytest.raises(ValueError, match="num_ranks"):
         testbed.TestbedSpec(num_ranks=1, rate_bytes_per_s=1e6)
@@ -90,3 +114,7 @@ def test_bad_specs():
         testbed.TestbedSpec(num_ranks=2, rate_bytes_per_s=1e6, slow_rank=5, slow_rate_bytes_per_s=1.0)
     with pytest.raises(ValueError, match="two-level"):
         testbed.TestbedSpec(num_ranks=2, rate_bytes_per_s=1e6, two_level=True)
+    with pytest.raises(ValueError, match="ring variant is 3 ranks"):
+        testbed.TestbedSpec(num_ranks=4, rate_bytes_per_s=1e6, ring=True)
+    with pytest.raises(ValueError, match="queue_s"):
+        testbed.TestbedSpec(num_ranks=2, rate_bytes_per_s=1e6, queue_s=0.0)

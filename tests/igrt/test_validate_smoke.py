@@ -1,4 +1,4 @@
-"""``igrt validate`` smoke: 3 ranks on the namespace testbed, a few sizes, igsim's report.
+"""``igrt validate`` smoke: 3 ranks on the namespace testbed (star and ring), a few sizes, igsim's report.
 
 The testbed part skips cleanly where namespaces cannot be made (no root, no iproute2, a sandbox
 that forbids ``ip netns add``); the case plan is checked everywhere.
@@ -52,7 +52,8 @@ def _testbed_or_skip() -> None:
         pytest.skip(f"another testbed is up ({' '.join(testbed.leftovers())}); not disturbing it")
 
 
-def test_validate_quick_on_three_ranks(tmp_path):
+@pytest.mark.parametrize("variant", [[], ["--ring"]], ids=["star", "ring"])
+def test_validate_quick_on_three_ranks(tmp_path, variant):
     _testbed_or_skip()
     out = tmp_path / "v"
     cmd = [
@@ -65,6 +66,7 @@ def test_validate_quick_on_three_ranks(tmp_path):
         "--bandwidth",
         "100Mbit",
         "--quick",
+        *variant,
         "--out",
         str(out),
     ]
@@ -74,6 +76,8 @@ def test_validate_quick_on_three_ranks(tmp_path):
     assert "dense >= 256 KiB" in proc.stdout
     meas = json.loads((out / "measurements.json").read_text())
     assert meas["testbed"]["num_ranks"] == 3 and meas["testbed"]["burst_s"] > 0
+    assert meas["testbed"]["ring"] is bool(variant) and meas["testbed"]["queue_s"] == testbed.DEFAULT_QUEUE_S
+    assert len(meas["machine"]["load_average_after"]) == 3
     report = json.loads((out / "report.json").read_text())
     rows = report["cases"]
     assert {r["role"] for r in rows} == {"calibration", "validation"}
@@ -81,4 +85,7 @@ def test_validate_quick_on_three_ranks(tmp_path):
     assert all(r["measured_median_s"] > 0 and r["reps"] == 3 for r in rows)
     # loose: the smoke run is short and the machine is shared; the full run is in docs/validation.md
     assert report["dense_large"]["mape"] < 0.3, report["dense_large"]
+    assert (
+        report["collectives_large"]["num_cases"] >= report["dense_large"]["num_cases"] + 1
+    )  # the sparse one
     assert (out / "calibration.json").exists()
