@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-__all__ = ["plot_bench", "plot_replay", "plot_run", "plot_sweep"]
+__all__ = ["plot_bench", "plot_quality_vs_bytes", "plot_replay", "plot_run", "plot_sweep"]
 
 MEASURED, PREDICTED, EXTRA, FLOOR = "#1f4e99", "#e07b00", "#2a9d5c", "#888888"
 _RC = {
@@ -351,4 +351,45 @@ def plot_bench(stats: dict[str, dict[str, float]], path: str | Path, *, title: s
     axes[0][0].bar([], [], color=MEASURED, label="ours")
     axes[0][0].bar([], [], color=PREDICTED, label="PyTorch's")
     axes[0][0].legend(loc="best")
+    return _save(fig, path)
+
+
+def plot_quality_vs_bytes(
+    curves: Sequence[dict],
+    path: str | Path,
+    *,
+    metric: str,
+    floor: float | None = None,
+    title: str = "",
+) -> Path:
+    """Held-out quality against cumulative bytes per rank, one line per curve (a method).
+
+    ``curves``: dicts with ``label``, ``bytes`` (cumulative bytes per rank at each evaluation) and
+    ``values`` (the metric there); an optional ``flush_bytes`` draws the last point's flush as a
+    dotted step to ``bytes[-1] + flush_bytes`` at ``flush_value`` (the metric after the flush).
+    ``floor`` (e.g. the majority-class accuracy) is a grey dashed line. Log x axis.
+    """
+    fig, axes = _figure(1, 1, width=7.0, height=4.4, title=title)
+    ax = axes[0][0]
+    usable = [c for c in curves if len(c.get("bytes", ())) and len(c.get("values", ()))]
+    if not usable:
+        _empty(ax, "no curves")
+        return _save(fig, path)
+    tops = np.asarray([max(max(c["bytes"]), 1.0) + float(c.get("flush_bytes") or 0.0) for c in usable])
+    scale, unit = _byte_unit(tops)
+    for i, c in enumerate(usable):
+        x = np.maximum(_arr(c["bytes"]), 1.0) / scale
+        look = _look(i)
+        ax.plot(x, _arr(c["values"]), label=c["label"], **look)
+        if c.get("flush_bytes") and c.get("flush_value") is not None:
+            fx = (float(c["bytes"][-1]) + float(c["flush_bytes"])) / scale
+            ax.plot([x[-1], fx], [float(c["values"][-1]), float(c["flush_value"])], color=look["color"],
+                    linestyle=":", linewidth=1.0, marker="x", markersize=4)  # fmt: skip
+    if floor is not None:
+        label = f"majority-class floor {floor:.4g}"
+        ax.axhline(floor, color=FLOOR, linestyle="--", linewidth=1.0, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"cumulative bytes per rank ({unit}; dotted: the final flush)")
+    ax.set_ylabel(f"held-out {metric}")
+    ax.legend(loc="best")
     return _save(fig, path)

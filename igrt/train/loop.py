@@ -12,8 +12,9 @@ gradients accumulate in ``p.grad``), then the synchronization at the accumulatio
 - ``ddp-hook``: ``DistributedDataParallel`` with :func:`igrt.integrations.ddp_hook.importance_hook` (overlaps
   communication with backward); micro-batches before the boundary run under ``no_sync()``.
 
-After the last step the residuals are flushed (one more optimizer step on the flushed average;
-its bytes are reported apart from the steps'). With an output directory, rank 0 writes
+After the last step the model is evaluated (``before_flush``), then the residuals are flushed (one
+more optimizer step on the flushed average; its bytes are reported apart from the steps') and it is
+evaluated again (``after_flush``, the ``final`` evaluation). With an output directory, rank 0 writes
 ``metrics.csv`` (every rank's :class:`~igpolicy.vocab.StepMetrics`, ``source="real"``),
 ``summary.json``, ``eval.json`` and ``model.pt`` (the final, flushed weights); every rank writes its
 part of ``checkpoint/`` (see :func:`igrt.train.checkpoint.save_checkpoint`). Resuming from a checkpoint at the same world
@@ -455,6 +456,12 @@ def train_on_rank(ctx, options: TrainOptions, *, workload=None) -> RankOutcome:
                 _status(o, ctx.rank, f"saving a checkpoint at step {done} to {ckpt_dir}")
                 run.save(ckpt_dir, done)  # the last one before the flush: a resumed run continues it
     bar.close()
+    if o.evaluate and o.flush and start < o.steps:  # the trained model as it is, before the flush moves it
+        _status(o, ctx.rank, f"evaluating on the held-out split (step {o.steps}, before the flush)")
+        new = run.evaluate(o.steps, before_flush=True)
+        evals += new
+        for record in new:
+            logger.evaluation(record)
     _status(o, ctx.rank, "flushing the residuals (one more optimizer step)" if o.flush else "training done")
     flush_row = run.flush()
     if o.evaluate:

@@ -162,7 +162,11 @@ def test_each_policy_writes_consistent_metrics_summary_and_checkpoint(
     assert summary["flush_bytes_per_rank"]["dense_bytes"] == 4 * numel  # every residual, fp32, once
     assert math.isfinite(summary["final_loss"])
     if (policy, integration) == ("importance", "sync"):  # the one run with held-out evaluation
-        assert [e["step"] for e in summary["eval"]["history"]] == [0, 3, STEPS]
+        history = summary["eval"]["history"]
+        assert [e["step"] for e in history] == [0, 3, STEPS, STEPS]  # the last two: before, after the flush
+        assert history[2].get("before_flush") and history[3].get("after_flush")
+        assert summary["eval"]["final"] == history[3]
+        assert history[2]["loss"] != history[3]["loss"]  # the flush moved the model: the two are not one
         assert 0.0 <= summary["eval"]["final"]["accuracy"] <= 1.0
         assert json.loads((out / "eval.json").read_text()) == summary["eval"]["history"]
     ckpt = sorted((out / "checkpoint").glob("step-*"))[-1]  # the newest (and only) complete one

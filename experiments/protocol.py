@@ -1,0 +1,788 @@
+"""The evaluation protocol (issue 15): tuned, paired, pre-flush comparisons of every sync method.
+
+Per workload (MiniLM fine-tuning: held-out accuracy beside the majority-class floor; GPT
+post-training: held-out loss), every method below trains ``--steps`` steps under linear warm-up
+(``--warmup`` of the steps) and cosine decay:
+
+- **learning rate tuned per method** on the same grid (``--lrs``, one full-length run per LR on
+  seed 0, the same budget for every method), picked by the pre-flush held-out metric; the best LR
+  then runs on the other seeds. There is no third split: the LR is picked on the held-out split
+  that is reported (the same for every method).
+- **paired seeds** 0..S-1: a seed fixes the model's initialisation and each rank's data order for
+  every method, so each method's difference to Top-k+EF is taken per seed (mean and sample std).
+- **quality before the flush**: ``igrt train`` evaluates the trained model before the final dense
+  flush of the residuals (``before_flush``) and again after it; the tables report the first and
+  show the second beside it.
+- **bytes** per rank: the steps' bytes, the final flush, and for every plan-based method the dense
+  ``igrt record`` traffic of the profiling run the offline plan came from (recorded steps x the
+  model's fp32 gradient, the dense all-reduce each recorded step made), stated apart and amortised.
+
+Methods (``--policies``; all of them by default): ``dense``; ``topk`` (Top-k+EF at ``--density``);
+``topk_equal`` (Top-k+EF thinned to the knee plan's expected bytes); ``importance`` (the knee plan of
+the workload's trace); three split controls derived in code from that plan (:func:`control_plans`):
+``all_low`` (every unpinned component low), ``random`` (a random split with the important set's
+bytes), ``swapped`` (the lowest-scored components, as many bytes as the important set, sent every
+step); ``powersgd1`` / ``powersgd2`` (PyTorch's ``powerSGD_hook`` through ``igrt bench``'s code
+path, :func:`igrt.cli.bench._register_peer`, on DDP with one bucket; the same workload, optimizer,
+schedule and evaluations; no flush: its error feedback is never sent).
+
+**Cached and resumable.** Every run is one subprocess (``igrt train``, or ``python -m
+experiments.protocol --powersgd-run DIR`` for PowerSGD) writing into its own folder under
+``--runs``; a folder whose ``summary.json`` is complete and whose ``protocol_run.json`` names the same
+settings is not run again, any other folder is cleared and redone. Stop the study at any time and
+start it with the same command: it continues. Before starting it prints how many runs are cached
+and to do and the expected duration (from the measured seconds per step of the runs already done,
+else of a short timed probe run), and a progress line per run.
+
+    python -m experiments.protocol --workload gpt --runs /work/protocol-runs/gpt
+    python -m experiments.protocol --workload minilm --quick        # CI: tiny model, 2 methods, 1 seed
+
+Writes ``runs.csv`` (every run), ``tuning.csv``, ``summary.csv``, ``targets.json``,
+``curves.json`` and ``quality_vs_bytes.png`` into ``--out`` (default
+``docs/results/protocol_<workload>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiments import common
+from experiments.common import REPO, Study, mean_std
+
+POLICIES = (
+    "dense",
+    "topk",
+    "topk_equal",
+    "importance",
+    "all_low",
+    "random",
+    "swapped",
+    "powersgd1",
+    "powersgd2",
+)
+QUICK_POLICIES = ("topk", "importance")
+LABELS = {
+    "dense": "dense",
+    "topk": "Top-k+EF",
+    "topk_equal": "Top-k+EF thinned to equal bytes",
+    "importance": "importance (knee plan)",
+    "all_low": "all-low plan",
+    "random": "size-matched random split",
+    "swapped": "swapped split (lowest scores sent)",
+    "powersgd1": "PowerSGD rank 1",
+    "powersgd2": "PowerSGD rank 2",
+}
+PLAN_POLICIES = ("importance", "all_low", "random", "swapped")  # the ones that need the profiling run
+QUALITY = {"minilm": ("accuracy", +1), "gpt": ("loss", -1)}  # metric, +1 = higher is better
+# peak learning rates tried per method: the workload's own (minilm 1e-4, gpt 3e-4) first
+LR_GRID = {"minilm": (1e-4, 3e-4, 5e-5), "gpt": (3e-4, 1e-3, 1e-4)}
+FULL_STEPS = {"minilm": 300, "gpt": 300}
+QUICK = {"steps": 6, "lrs": (1e-3,), "seeds": 1, "eval_every": 3}
+SUMMARY_NAME, MARK_NAME = "summary.json", "protocol_run.json"
+
+
+# ------------------------------------------------------------------------------------ controls
+
+
+def control_plans(plan: Any, *, seed: int = 0) -> dict[str, Any]:
+    """The split controls of ``plan`` (an :class:`igpolicy.plan.SyncPlan`), each a SyncPlan over the
+    same components, release period and settings; pinned components stay pinned.
+
+    - ``all_low``: every important component low;
+    - ``random``: a random set of components (``seed``) with about the important set's expected bytes
+      important, the rest low (re-drawn while it equals the real split);
+    - ``swapped``: the lowest-scored components, filled up to the important set's expected bytes,
+      important; the rest (the real important set among them) low.
+
+    Low components get release phases of equal expected bytes (:func:`igpolicy.schedule.assign_phases`).
+    """
+    from igpolicy.vocab import ComponentClass
+
+    movable = [c for c in plan.components if c.cls != ComponentClass.PINNED]
+    target = sum(c.expected_bytes for c in movable if c.cls == ComponentClass.IMPORTANT)
+    real = frozenset(c.key for c in movable if c.cls == ComponentClass.IMPORTANT)
+    rng = np.random.default_rng(seed)
+    random_set: frozenset[str] = real
+    for _ in range(100):
+        order = [movable[i] for i in rng.permutation(len(movable))]
+        random_set = _fill(order, target)
+        if random_set != real or len(movable) < 2:
+            break
+    by_score = sorted(movable, key=lambda c: (c.score, c.key))
+    return {
+        "all_low": _with_important(plan, frozenset(), control="all_low"),
+        "random": _with_important(plan, random_set, control=f"random(seed={seed})"),
+        "swapped": _with_important(plan, _fill(by_score, target), control="swapped"),
+    }
+
+
+def _fill(order: Sequence[Any], target: int) -> frozenset[str]:
+    """Components taken in ``order`` while each brings the total bytes closer to ``target``."""
+    chosen, total = [], 0
+    for c in order:
+        if abs(total + c.expected_bytes - target) < abs(total - target):
+            chosen.append(c.key)
+            total += c.expected_bytes
+    return frozenset(chosen)
+
+
+def _with_important(plan: Any, important: frozenset[str], *, control: str) -> Any:
+    from igpolicy.plan import ComponentPlan
+    from igpolicy.schedule import assign_phases
+    from igpolicy.vocab import ComponentClass
+
+    low = {
+        c.key: c.expected_bytes
+        for c in plan.components
+        if c.cls != ComponentClass.PINNED and c.key not in important
+    }
+    phases = assign_phases(low, num_phases=plan.release_period) if low else {}
+    components = []
+    for c in plan.components:
+        if c.cls == ComponentClass.PINNED:
+            components.append(c)
+        else:
+            cls = ComponentClass.LOW if c.key in low else ComponentClass.IMPORTANT
+            components.append(ComponentPlan(key=c.key, score=c.score, cls=cls, phase=phases.get(c.key),
+                                            expected_bytes=c.expected_bytes))  # fmt: skip
+    source = {**plan.source, "control": control, "derived_from": plan.fingerprint}
+    return dataclasses.replace(plan, components=tuple(components), source=source)
+
+
+def expected_bytes_share(plan: Any) -> float:
+    """The plan's expected bytes per step over Top-k's (every component every step): the important
+    components' bytes plus the low ones' over R."""
+    total = sum(c.expected_bytes for c in plan.components)
+    low = sum(c.expected_bytes for c in plan.components if c.key in plan.low)
+    return ((total - low) + low / plan.release_period) / total if total else 1.0
+
+
+# ------------------------------------------------------------------------------------ runs
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Run:
+    """One training run: ``tag`` (a method of :data:`POLICIES`), its peak ``lr`` and ``seed``."""
+
+    workload: str
+    tiny: bool
+    tag: str
+    lr: float
+    seed: int
+    steps: int
+    warmup_steps: int
+    eval_every: int
+    nproc: int
+    batch_size: int
+    density: float
+    release_period: int
+    plan_path: str | None = None
+    plan_fingerprint: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.tag}-lr{self.lr:g}-s{self.seed}"
+
+    def settings(self) -> dict[str, Any]:
+        """What identifies the run (the plan by fingerprint, not by path)."""
+        d = dataclasses.asdict(self)
+        d.pop("plan_path")
+        return d
+
+    def command(self, folder: Path) -> list[str]:
+        if self.tag.startswith("powersgd"):
+            return [sys.executable, "-m", "experiments.protocol", "--powersgd-run", str(folder)]
+        policy = {"topk_equal": "topk", **{p: "importance" for p in PLAN_POLICIES}}.get(self.tag, self.tag)
+        cmd = [sys.executable, "-m", "igrt", "train", "--workload", self.workload, "--policy", policy]
+        cmd += ["--steps", str(self.steps), "--seed", str(self.seed), "--lr", f"{self.lr:g}"]
+        cmd += ["--schedule", "cosine", "--warmup-steps", str(self.warmup_steps)]
+        cmd += ["--eval-every", str(self.eval_every), "--ranks", str(self.nproc), "--backend", "gloo"]
+        cmd += ["--batch-size", str(self.batch_size), "--density", f"{self.density:g}"]
+        cmd += [
+            "--release-period",
+            str(self.release_period),
+            "--out",
+            str(folder),
+            "--overwrite",
+            "--no-progress",
+        ]
+        if self.plan_path:
+            cmd += ["--plan", self.plan_path]
+        return cmd + (["--tiny"] if self.tiny else [])
+
+
+def is_complete(folder: Path, run: Run) -> bool:
+    """The folder holds a finished run of exactly these settings: a parseable ``summary.json`` of
+    ``run.steps`` steps with its evaluations, and a ``protocol_run.json`` naming ``run``'s settings."""
+    try:
+        summary = json.loads((folder / SUMMARY_NAME).read_text())
+        mark = json.loads((folder / MARK_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        mark.get("settings") == run.settings()
+        and summary.get("steps") == run.steps
+        and summary.get("stats", {}).get("num_steps") == run.steps
+        and bool(summary.get("eval", {}).get("history"))
+    )
+
+
+def execute(run: Run, folder: Path) -> float:
+    """Run ``run`` into ``folder`` (cleared first) as one subprocess; its wall time in seconds.
+    ``protocol_run.json`` is written only after the subprocess succeeded. RuntimeError with the
+    log's tail when it fails."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    log_path = folder.parent / f"{folder.name}.log"
+    if run.tag.startswith("powersgd"):
+        folder.mkdir()
+        common.write_json({"settings": run.settings()}, folder / "powersgd_request.json")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.run(
+            run.command(folder), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, check=False
+        )
+    wall_s = time.monotonic() - t0
+    if proc.returncode != 0 or not (folder / SUMMARY_NAME).is_file():
+        tail = log_path.read_text()[-1500:]
+        raise RuntimeError(f"run {run.name} failed (exit {proc.returncode}); log {log_path}:\n{tail}")
+    common.write_json({"settings": run.settings(), "wall_s": wall_s}, folder / MARK_NAME)
+    return wall_s
+
+
+def _seconds_per_step(done: Sequence[tuple[Run, Path]]) -> float | None:
+    rates = []
+    for run, folder in done:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            rates.append(json.loads((folder / MARK_NAME).read_text())["wall_s"] / run.steps)
+    return float(np.median(rates)) if rates else None
+
+
+def probe_seconds_per_step(study: Study, base: Run, runs_dir: Path) -> float:
+    """Seconds per step (start-up and evaluation included) of a short Top-k run, timed once and cached
+    in ``runs_dir/_probe``."""
+    probe = dataclasses.replace(
+        base, tag="topk", steps=min(base.steps, 2 if base.tiny else 10), eval_every=0, seed=0
+    )
+    folder = runs_dir / "_probe"
+    if not is_complete(folder, probe):
+        study.log(f"timing a {probe.steps}-step probe run to estimate the duration")
+        execute(probe, folder)
+    return json.loads((folder / MARK_NAME).read_text())["wall_s"] / probe.steps
+
+
+# ------------------------------------------------------------------------------------ results
+
+
+def load_result(run: Run, folder: Path) -> dict[str, Any]:
+    """A finished run's numbers: pre- and post-flush quality, bytes (steps, flush), curve points."""
+    summary = json.loads((folder / SUMMARY_NAME).read_text())
+    metric = QUALITY[run.workload][0]
+    history = summary["eval"]["history"]
+    pre = [e for e in history if e.get("before_flush")]
+    post = [e for e in history if e.get("after_flush")]
+    last = pre[-1] if pre else (post[-1] if post else history[-1])  # no flush (PowerSGD): its last eval
+    per_step = _per_step_bytes(folder)
+    cum = np.cumsum(per_step) if per_step.size else np.zeros(0)
+    points = [e for e in history if not e.get("after_flush")]
+    return {
+        "summary": summary,
+        "quality": float(last[metric]),
+        "quality_after_flush": float(post[-1][metric]) if post else math.nan,
+        "floor": float(last["majority_floor"]) if "majority_floor" in last else math.nan,
+        "bytes_per_step": float(summary["stats"]["bytes_per_step"]["wire_bytes"]),
+        "flush_bytes": float(summary.get("flush_bytes_per_rank", {}).get("wire_bytes", 0.0)),
+        "curve_bytes": [
+            float(cum[int(e["step"]) - 1]) if int(e["step"]) > 0 and cum.size else 0.0 for e in points
+        ],
+        "curve_values": [float(e[metric]) for e in points],
+        "wall_s": json.loads((folder / MARK_NAME).read_text()).get("wall_s", math.nan),
+    }
+
+
+def _per_step_bytes(folder: Path) -> np.ndarray:
+    """Mean over ranks of each step's wire bytes (``metrics.csv``)."""
+    path = folder / "metrics.csv"
+    if not path.is_file():
+        return np.zeros(0)
+    by_step: dict[int, list[float]] = {}
+    for row in common.read_csv(path):
+        wire = row.get("wire_bytes")
+        if wire in (None, ""):
+            wire = sum(
+                float(row.get(k) or 0)
+                for k in ("values_bytes", "indices_bytes", "dense_bytes", "metadata_bytes")
+            )
+        by_step.setdefault(int(row["step"]), []).append(float(wire))
+    return np.asarray([np.mean(by_step[s]) for s in sorted(by_step)], dtype=float)
+
+
+def majority_floor(workload: str, *, tiny: bool) -> float | None:
+    """MiniLM: the held-out share of the training split's most common class (what a model that
+    always answers that class scores); None for GPT (a loss has no such floor)."""
+    if workload != "minilm":
+        return None
+    from collections import Counter
+
+    from igrt.workloads.data import docstring_dataset
+
+    data = docstring_dataset()
+    majority = Counter(data.train_labels).most_common(1)[0][0]
+    return sum(y == majority for y in data.heldout_labels) / len(data.heldout_labels)
+
+
+def _better(workload: str, a: float, b: float) -> bool:
+    return (a > b) if QUALITY[workload][1] > 0 else (a < b)
+
+
+def _delta(workload: str, q: float, ref: float) -> float:
+    """Quality difference to the reference: accuracy points (MiniLM) or relative loss in % (GPT;
+    negative = lower loss = better)."""
+    return (q - ref) * 100.0 if workload == "minilm" else (q - ref) / ref * 100.0
+
+
+# ------------------------------------------------------------------------------------ the study
+
+
+def plan_for(study: Study, workload: str, *, tiny: bool, nproc: int, density: float, release_period: int):
+    """The knee plan of the workload's trace (the shipped sample, else ``igrt record``), its
+    controls saved beside it in ``--out/plans``, and the profiling run's size."""
+    steps = 12 if tiny else 100
+    trace = common.trace_for(workload, seed=0, steps=steps, tiny=tiny, cache=study.cache, nproc=nproc,
+                             density=density, inprocess=tiny)  # fmt: skip
+    from traces.reader import read_manifest
+
+    manifest = read_manifest(trace)
+    plan, _, _ = common.profile(trace, release_period=release_period)
+    plans = {"importance": plan, **control_plans(plan, seed=0)}
+    paths = {tag: p.save(study.out / "plans" / f"{tag}.json") for tag, p in plans.items()}
+    recorded_steps = common.num_steps(trace)
+    num_params = int(manifest.extra.get("num_params", 0))
+    recording = {
+        "trace": str(trace.relative_to(REPO)) if trace.is_relative_to(REPO) else str(trace),
+        "recorded_steps": recorded_steps,
+        "num_params": num_params,
+        "recording_bytes_per_rank": 4.0 * num_params * recorded_steps,  # one dense fp32 all-reduce per step
+    }
+    return plans, paths, recording
+
+
+def build_runs(settings: Mapping[str, Any], plans: Mapping[str, Any], paths: Mapping[str, Path]) -> list[Run]:
+    """Every run in the order it will train: seed 0 of every method at the first LR, then the other LRs
+    (the tuning), then the other seeds at the best LR (added by :func:`seed_runs` once tuned)."""
+    runs = []
+    for lr in settings["lrs"]:
+        for tag in settings["policies"]:
+            runs.append(_run(settings, tag, lr=lr, seed=0, plans=plans, paths=paths))
+    return runs
+
+
+def _run(settings, tag: str, *, lr: float, seed: int, plans, paths) -> Run:
+    density = settings["density"]
+    if tag == "topk_equal":
+        density = round(density * expected_bytes_share(plans["importance"]), 6)
+    plan = plans.get(tag) if tag in PLAN_POLICIES else None
+    return Run(
+        workload=settings["workload"], tiny=settings["tiny"], tag=tag, lr=lr, seed=seed, steps=settings["steps"],
+        warmup_steps=settings["warmup_steps"], eval_every=settings["eval_every"], nproc=settings["nproc"],
+        batch_size=settings["batch_size"], density=density, release_period=settings["release_period"],
+        plan_path=str(paths[tag]) if plan is not None else None,
+        plan_fingerprint=plan.fingerprint if plan is not None else None,
+    )  # fmt: skip
+
+
+def best_lrs(settings, results: Mapping[str, dict[str, Any]], tuning: Sequence[Run]) -> dict[str, float]:
+    """Per method, the LR of the grid with the best pre-flush quality on seed 0 (among finished runs)."""
+    wl, best = settings["workload"], {}
+    for tag in settings["policies"]:
+        tried = [(r.lr, results[r.name]["quality"]) for r in tuning if r.tag == tag and r.name in results]
+        tried = [(lr, q) for lr, q in tried if math.isfinite(q)]
+        if tried:
+            pick = tried[0]
+            for lr, q in tried[1:]:
+                if _better(wl, q, pick[1]):
+                    pick = (lr, q)
+            best[tag] = pick[0]
+    return best
+
+
+def run_all(study: Study, todo: Sequence[Run], runs_dir: Path, results: dict[str, dict[str, Any]], *,
+            estimate_s_per_step: float | None, stop_at: float | None) -> bool:  # fmt: skip
+    """Train the runs of ``todo`` that are not cached, one after another, a progress line each.
+    False when ``stop_at`` (a time.monotonic deadline) came first."""
+    pending = [r for r in todo if not is_complete(runs_dir / r.name, r)]
+    for r in todo:
+        if r not in pending and r.name not in results:
+            results[r.name] = load_result(r, runs_dir / r.name)
+    done = [(r, runs_dir / r.name) for r in todo if r not in pending]
+    rate = _seconds_per_step(done) or estimate_s_per_step
+    eta = f"~{rate * sum(r.steps for r in pending) / 60:.1f} min" if rate else "unknown"
+    study.log(f"{len(todo) - len(pending)} run(s) cached, {len(pending)} to do; expected {eta}"
+              + (f" ({rate:.2f} s/step)" if rate else ""))  # fmt: skip
+    for i, r in enumerate(pending, 1):
+        if stop_at is not None and time.monotonic() > stop_at:
+            study.log(
+                f"stopping: --budget-min reached with {len(pending) - i + 1} run(s) to do (rerun to continue)"
+            )
+            return False
+        study.log(f"[{i}/{len(pending)}] {r.name}: training {r.steps} steps")
+        wall = execute(r, runs_dir / r.name)
+        res = results[r.name] = load_result(r, runs_dir / r.name)
+        done.append((r, runs_dir / r.name))
+        rate = _seconds_per_step(done)
+        left = sum(x.steps for x in pending[i:]) * (rate or 0) / 60
+        floor = f" (floor {res['floor'] * 100:.2f})" if math.isfinite(res["floor"]) else ""
+        study.log(f"[{i}/{len(pending)}] {r.name}: {wall:.0f} s; pre-flush {QUALITY[r.workload][0]} "
+                  f"{res['quality']:.4g}{floor}, {res['bytes_per_step'] / 1e6:.3f} MB/step; ~{left:.1f} min left")  # fmt: skip
+    return True
+
+
+def tables(
+    settings, results, runs: Sequence[Run], best: Mapping[str, float], recording, floor
+) -> dict[str, Any]:
+    """runs.csv rows, tuning rows, summary rows (paired differences vs Top-k+EF) and the targets."""
+    wl = settings["workload"]
+    metric = QUALITY[wl][0]
+    run_rows, tuning_rows = [], []
+    for r in runs:
+        if r.name not in results:
+            continue
+        res = results[r.name]
+        total = res["bytes_per_step"] * r.steps + res["flush_bytes"]
+        rec = recording["recording_bytes_per_rank"] if r.tag in PLAN_POLICIES else 0.0
+        run_rows.append({
+            "method": r.tag, "lr": r.lr, "seed": r.seed, "steps": r.steps, "density": r.density,
+            f"{metric}_pre_flush": res["quality"], f"{metric}_after_flush": res["quality_after_flush"],
+            "majority_floor": floor if floor is not None else math.nan,
+            "bytes_per_step": res["bytes_per_step"], "flush_bytes": res["flush_bytes"],
+            "run_bytes_incl_flush": total, "recording_bytes": rec, "run_bytes_incl_flush_and_recording": total + rec,
+            "catch_up": res["summary"].get("config", {}).get("catch_up"), "wall_s": res["wall_s"],
+        })  # fmt: skip
+        if r.seed == 0:
+            tuning_rows.append({"method": r.tag, "lr": r.lr, f"{metric}_pre_flush": res["quality"],
+                                "best": best.get(r.tag) == r.lr})  # fmt: skip
+    by = {(row["method"], row["lr"], row["seed"]): row for row in run_rows}
+    ref_lr = best.get("topk")
+    summary_rows = []
+    for tag in settings["policies"]:
+        lr = best.get(tag)
+        if lr is None:
+            continue
+        rows = [by[tag, lr, s] for s in range(settings["seeds"]) if (tag, lr, s) in by]
+        q_mean, q_std = mean_std(x[f"{metric}_pre_flush"] for x in rows)
+        diffs = [_delta(wl, x[f"{metric}_pre_flush"], by["topk", ref_lr, x["seed"]][f"{metric}_pre_flush"])
+                 for x in rows if ref_lr is not None and ("topk", ref_lr, x["seed"]) in by]  # fmt: skip
+        d_mean, d_std = mean_std(diffs)
+        ref_rows = [
+            by["topk", ref_lr, s]
+            for s in range(settings["seeds"])
+            if ref_lr is not None and ("topk", ref_lr, s) in by
+        ]
+        topk_b = float(np.mean([x["bytes_per_step"] for x in ref_rows])) if ref_rows else math.nan
+        b = float(np.mean([x["bytes_per_step"] for x in rows]))
+        summary_rows.append({
+            "method": tag, "label": LABELS[tag], "best_lr": lr, "seeds": len(rows),
+            f"{metric}_pre_flush_mean": q_mean, f"{metric}_pre_flush_std": q_std,
+            f"{metric}_after_flush_mean": mean_std(x[f"{metric}_after_flush"] for x in rows)[0],
+            "majority_floor": floor if floor is not None else math.nan,
+            "paired_diff_vs_topk": d_mean, "paired_diff_std": d_std, "pairs": len(diffs),
+            "diff_unit": "accuracy points" if wl == "minilm" else "% of Top-k+EF's loss",
+            "bytes_per_step": b, "bytes_vs_topk": b / topk_b if topk_b else math.nan,
+            "flush_bytes": float(np.mean([x["flush_bytes"] for x in rows])),
+            "recording_bytes": rows[0]["recording_bytes"],
+            "recording_bytes_per_step_amortised": rows[0]["recording_bytes"] / settings["steps"],
+            "run_bytes_incl_flush_and_recording": float(np.mean([x["run_bytes_incl_flush_and_recording"] for x in rows])),
+        })  # fmt: skip
+    return {"runs": run_rows, "tuning": tuning_rows, "summary": summary_rows,
+            "targets": targets(wl, {row["method"]: row for row in summary_rows}, metric)}  # fmt: skip
+
+
+def targets(wl: str, s: Mapping[str, dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """Issue 15's targets for the importance policy, each with its measured value (None: a run missing)."""
+    imp, topk, eq, psgd = (s.get(k) for k in ("importance", "topk", "topk_equal", "powersgd1"))
+    key = f"{metric}_pre_flush_mean"
+    tol = 0.5 if wl == "minilm" else 1.0
+    out = []
+
+    def add(name: str, value: Any, ok: bool | None) -> None:
+        out.append({"target": name, "value": value, "met": ok})
+
+    if imp and topk:
+        add("bytes/step <= 0.25 x Top-k+EF", imp["bytes_vs_topk"], imp["bytes_vs_topk"] <= 0.25)
+        d = imp["paired_diff_vs_topk"]
+        ok = (d >= -tol) if wl == "minilm" else (d <= tol)
+        add(
+            f"quality within {tol:g} {'points' if wl == 'minilm' else '% loss'} of tuned Top-k+EF (paired mean)",
+            d,
+            ok,
+        )
+    if imp and eq:
+        add("better than Top-k+EF thinned to equal bytes", imp[key] - eq[key], _better(wl, imp[key], eq[key]))
+    if imp and psgd:
+        ok = imp["bytes_per_step"] < psgd["bytes_per_step"] and not _better(wl, psgd[key], imp[key])
+        add("fewer bytes than PowerSGD rank 1 at equal or better quality",
+            {"bytes_ratio": imp["bytes_per_step"] / psgd["bytes_per_step"], "quality_diff": imp[key] - psgd[key]}, ok)  # fmt: skip
+    return out
+
+
+def curves(settings, results, best: Mapping[str, float]) -> list[dict[str, Any]]:
+    """Seed 0 of each method at its best LR: quality at every evaluation against cumulative bytes."""
+    out = []
+    for tag in settings["policies"]:
+        name = f"{tag}-lr{best[tag]:g}-s0" if tag in best else None
+        if name in results:
+            res = results[name]
+            out.append({"label": f"{LABELS[tag]} (lr {best[tag]:g})", "method": tag, "bytes": res["curve_bytes"],
+                        "values": res["curve_values"], "flush_bytes": res["flush_bytes"] or None,
+                        "flush_value": res["quality_after_flush"] if math.isfinite(res["quality_after_flush"]) else None})  # fmt: skip
+    return out
+
+
+def run(study: Study) -> dict[str, Any]:
+    a, quick = study.args, study.quick
+    wl = a.workload
+    steps = a.steps or (QUICK["steps"] if quick else FULL_STEPS[wl])
+    settings = {
+        "workload": wl,
+        "tiny": quick,
+        "steps": steps,
+        "warmup_steps": max(1, round(a.warmup * steps)),
+        "eval_every": a.eval_every or (QUICK["eval_every"] if quick else max(1, steps // 6)),
+        "lrs": tuple(float(x) for x in a.lrs.split(","))
+        if a.lrs
+        else (QUICK["lrs"] if quick else LR_GRID[wl]),
+        "seeds": a.seeds or (QUICK["seeds"] if quick else 3),
+        "policies": tuple(a.policies.split(",")) if a.policies else (QUICK_POLICIES if quick else POLICIES),
+        "nproc": a.nproc,
+        "batch_size": a.batch_size,
+        "density": a.density,
+        "release_period": a.release_period,
+    }
+    unknown = [p for p in settings["policies"] if p not in POLICIES]
+    if unknown:
+        raise ValueError(f"--policies: unknown {unknown} (choose from {', '.join(POLICIES)})")
+    if "topk" not in settings["policies"]:
+        raise ValueError("--policies must include topk (the reference of every paired difference)")
+    runs_dir = (
+        Path(a.runs)
+        if a.runs
+        else (study.out / "runs" if quick else common.default_cache().parent / "protocol" / wl)
+    )
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    study.log(f"{wl}: {steps} steps, warm-up {settings['warmup_steps']} + cosine, LR grid {settings['lrs']}, "
+              f"{settings['seeds']} seed(s), methods {','.join(settings['policies'])}; runs in {runs_dir}")  # fmt: skip
+    (study.out / "plans").mkdir(exist_ok=True)
+    plans, paths, recording = plan_for(study, wl, tiny=quick, nproc=a.nproc, density=a.density,
+                                       release_period=a.release_period)  # fmt: skip
+    study.log(f"knee plan {plans['importance'].fingerprint}: {len(plans['importance'].important)} important / "
+              f"{len(plans['importance'].low)} low, {expected_bytes_share(plans['importance']):.3f} x Top-k's "
+              f"expected bytes; profiling run {recording['recorded_steps']} dense steps = "
+              f"{recording['recording_bytes_per_rank'] / 1e9:.2f} GB per rank")  # fmt: skip
+    floor = majority_floor(wl, tiny=quick)
+    if floor is not None:
+        study.log(f"majority-class floor of the held-out split: {floor * 100:.2f} %")
+    tuning = build_runs(settings, plans, paths)
+    results: dict[str, dict[str, Any]] = {}
+    seed_runs_planned = [_run(settings, t, lr=settings["lrs"][0], seed=s, plans=plans, paths=paths)
+                         for t in settings["policies"] for s in range(1, settings["seeds"])]  # fmt: skip
+    cached = [(r, runs_dir / r.name) for r in tuning if is_complete(runs_dir / r.name, r)]
+    rate = _seconds_per_step(cached) or _seconds_per_step(
+        [(r, runs_dir / r.name) for r in seed_runs_planned if is_complete(runs_dir / r.name, r)]
+    )
+    if rate is None and not (a.no_probe or a.report_only):
+        rate = probe_seconds_per_step(study, tuning[0], runs_dir)
+    total_steps = steps * (len(tuning) + len(seed_runs_planned))
+    if rate:
+        study.log(f"the whole protocol: {len(tuning) + len(seed_runs_planned)} runs x {steps} steps, "
+                  f"~{rate * total_steps / 3600:.1f} h at {rate:.2f} s/step (cached runs are not rerun)")  # fmt: skip
+    stop_at = time.monotonic() + a.budget_min * 60 if a.budget_min else None
+    if a.report_only:
+        stop_at = time.monotonic() - 1.0  # tables of the cached runs only: start nothing
+    study.log("tuning: every method at every LR of the grid on seed 0")
+    finished = run_all(study, tuning, runs_dir, results, estimate_s_per_step=rate, stop_at=stop_at)
+    best = best_lrs(settings, results, tuning)
+    seed_runs = [_run(settings, t, lr=best[t], seed=s, plans=plans, paths=paths)
+                 for s in range(1, settings["seeds"]) for t in settings["policies"] if t in best]  # fmt: skip
+    if finished and seed_runs:
+        study.log(f"seeds 1..{settings['seeds'] - 1} at each method's best LR: {best}")
+        finished = run_all(study, seed_runs, runs_dir, results, estimate_s_per_step=rate, stop_at=stop_at)
+    all_runs = [*tuning, *seed_runs]
+    t = tables(settings, results, all_runs, best, recording, floor)
+    common.write_csv(t["runs"], study.out / "runs.csv")
+    common.write_csv(t["tuning"], study.out / "tuning.csv")
+    common.write_csv(t["summary"], study.out / "summary.csv")
+    common.write_json(t["targets"], study.out / "targets.json")
+    c = curves(settings, results, best)
+    common.write_json(c, study.out / "curves.json")
+    from igplot import plot_quality_vs_bytes
+
+    metric = QUALITY[wl][0]
+    plot_quality_vs_bytes(c, study.out / "quality_vs_bytes.png", metric=metric,
+                          floor=floor if floor is not None else None,
+                          title=f"{wl}: held-out {metric} before the flush vs cumulative bytes (seed 0)")  # fmt: skip
+    for row in t["summary"]:
+        fl = f" (floor {row['majority_floor'] * 100:.2f})" if floor is not None else ""
+        q = row[f"{metric}_pre_flush_mean"] * (100 if wl == "minilm" else 1)
+        study.log(f"  {row['method']:>11} lr {row['best_lr']:g}: {metric} {q:.4g}{fl} ± "
+                  f"{row[f'{metric}_pre_flush_std'] * (100 if wl == 'minilm' else 1):.3g} over {row['seeds']} seed(s); "
+                  f"paired diff vs Top-k+EF {row['paired_diff_vs_topk']:+.3g} ± {row['paired_diff_std']:.3g} "
+                  f"({row['diff_unit']}); {row['bytes_vs_topk']:.3f} x Top-k's bytes/step")  # fmt: skip
+    for tg in t["targets"]:
+        study.log(f"  target {tg['target']}: {tg['value']} -> {'met' if tg['met'] else 'missed'}")
+    return study.finish(
+        settings={k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()},
+        runs_dir=str(runs_dir), complete=finished, runs_done=len(t["runs"]),
+        runs_planned=len(tuning) + len(seed_runs_planned), best_lr=best, recording=recording,
+        majority_floor=floor, targets=t["targets"],
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ PowerSGD
+
+
+def _powersgd_main(folder: Path) -> int:
+    """One PowerSGD run (``powersgd_request.json`` in ``folder``): ranks spawned on loopback gloo."""
+    from igrt.train.launch import launch
+
+    settings = json.loads((folder / "powersgd_request.json").read_text())["settings"]
+    from igrt.workloads import prepare_workload
+
+    prepare_workload(settings["workload"], tiny=settings["tiny"], seed=settings["seed"])
+    launch(
+        _powersgd_rank,
+        nproc=settings["nproc"],
+        backend="gloo",
+        args=(settings, str(folder)),
+        timeout_s=3600.0,
+    )
+    return 0
+
+
+def _powersgd_rank(ctx: Any, settings: Mapping[str, Any], folder: str) -> int:
+    """PyTorch's PowerSGD hook on DDP (one bucket), registered by ``igrt bench``'s own code path,
+    trained like ``igrt train`` (same workload, seed, data streams, AdamW and schedule), evaluated
+    every ``eval_every`` steps on rank 0; rank 0 writes ``metrics.csv`` and ``summary.json`` in the
+    shape :func:`load_result` reads (bytes: every tensor handed to ``all_reduce``, per rank)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    from igrt.cli.bench import CollectiveMeter, _register_peer
+    from igrt.train.loop import rank_seed
+    from igrt.workloads import WorkloadSpec, make_workload
+
+    s = settings
+    spec = WorkloadSpec(lr=s["lr"], schedule="cosine", warmup_steps=s["warmup_steps"], total_steps=s["steps"])
+    w = make_workload(s["workload"], tiny=s["tiny"], seed=s["seed"], spec=spec)
+    torch.manual_seed(rank_seed(s["seed"], ctx.rank))
+    model = w.model.to(ctx.device)
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=2 * grad_bytes / 2**20 + 1)  # one bucket (igrt bench)
+    meter = CollectiveMeter()
+    _register_peer(ddp, s["tag"], meter)
+    optimizer = w.optimizer(model)
+    batches = w.train_batches(ctx.rank, ctx.world_size, s["batch_size"])
+    evals = [{"step": 0, **w.evaluate(model)}] if ctx.rank == 0 else []
+    rows = []
+    t_start = time.perf_counter()
+    with meter.counting():
+        for step in range(s["steps"]):
+            meter.reset()
+            t0 = time.perf_counter()
+            loss = w.loss(ddp, next(batches))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            rows.append({"step": step, "rank": ctx.rank, "wire_bytes": meter.bytes, "loss": float(loss.detach()),
+                         "step_s": time.perf_counter() - t0, "num_collectives": meter.num_collectives})  # fmt: skip
+            done = step + 1
+            if ctx.rank == 0 and s["eval_every"] and done % s["eval_every"] == 0 and done < s["steps"]:
+                evals.append({"step": done, **w.evaluate(model)})
+    if ctx.rank == 0:
+        evals.append({"step": s["steps"], "no_flush": True, **w.evaluate(model)})
+    got: list[Any] = [None] * ctx.world_size if ctx.rank == 0 else None  # type: ignore[assignment]
+    import torch.distributed as dist
+
+    dist.gather_object(rows, got, dst=0)
+    if ctx.rank != 0:
+        return 0
+    every = sorted((r for part in got for r in part), key=lambda r: (r["step"], r["rank"]))
+    out = Path(folder)
+    common.write_csv(every, out / "metrics.csv")
+    wire = [np.mean([r["wire_bytes"] for r in every if r["step"] == st]) for st in range(s["steps"])]
+    summary = {
+        "command": f"python -m experiments.protocol --powersgd-run {folder}",
+        "method": s["tag"], "workload": s["workload"], "seed": s["seed"], "steps": s["steps"],
+        "world_size": ctx.world_size, "settings": dict(s),
+        "stats": {"num_steps": s["steps"], "bytes_per_step": {"wire_bytes": float(np.mean(wire))},
+                  "step_s_mean": float(np.mean([r["step_s"] for r in every]))},
+        "flush_bytes_per_rank": {"wire_bytes": 0.0},
+        "train_s": time.perf_counter() - t_start,
+        "eval": {"history": evals, "final": evals[-1]},
+    }  # fmt: skip
+    common.write_json(summary, out / SUMMARY_NAME)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--powersgd-run"]:
+        return _powersgd_main(Path(argv[1]))
+    parser = argparse.ArgumentParser(prog="experiments.protocol", description=__doc__.split("\n")[0])
+    Study.add_arguments(parser)
+    parser.add_argument("--workload", choices=tuple(QUALITY), required=True)
+    parser.add_argument(
+        "--runs",
+        default=None,
+        help="run folders (the cache; default ~/.cache/importance-gradient/protocol/<workload>)",
+    )
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 300; quick 6)")
+    parser.add_argument(
+        "--warmup", type=float, default=0.1, help="linear warm-up share of the steps (default 0.1)"
+    )
+    parser.add_argument(
+        "--eval-every", type=int, default=None, help="evaluation every K steps (default steps/6)"
+    )
+    parser.add_argument(
+        "--lrs", default=None, help="comma-separated LR grid (default: per workload, LR_GRID)"
+    )
+    parser.add_argument("--seeds", type=int, default=None, help="paired seeds (default 3; quick 1)")
+    parser.add_argument(
+        "--policies", default=None, help=f"comma-separated methods (default all: {','.join(POLICIES)})"
+    )
+    parser.add_argument("--density", type=float, default=0.01, help="Top-k density (default 0.01)")
+    parser.add_argument("--release-period", type=int, default=4, help="R of the plans (default 4)")
+    parser.add_argument("--batch-size", type=int, default=16, help="examples per rank per step (default 16)")
+    parser.add_argument(
+        "--budget-min", type=float, default=None, help="start no new run after this many minutes"
+    )
+    parser.add_argument("--no-probe", action="store_true", help="no timed probe run when nothing is cached")
+    parser.add_argument(
+        "--report-only", action="store_true", help="write the tables of the cached runs; train nothing"
+    )
+    args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = str(REPO / "docs" / "results" / f"protocol_{args.workload}")
+    study = Study(f"protocol_{args.workload}", args, argv)
+    study.meta["command"] = " ".join(["python -m experiments.protocol", *argv])
+    run(study)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""``experiments.protocol``: its quick mode end to end, its run cache, and the split controls.
+
+The quick study trains tiny MiniLM runs (Top-k+EF and the importance policy, 1 seed, 6 steps) as
+``igrt train`` subprocesses on one rank each. A second invocation must train nothing (every run
+folder is complete); a run folder whose ``summary.json`` is gone is trained again, alone.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from igpolicy.plan import ComponentPlan, SyncPlan
+from igpolicy.vocab import ComponentClass
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _argv(tmp: Path) -> list[str]:
+    return ["--workload", "minilm", "--quick", "--out", str(tmp / "out"), "--runs", str(tmp / "runs"),
+            "--cache", str(tmp / "cache"), "--nproc", "1"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> Path:
+    from experiments import protocol
+
+    tmp = tmp_path_factory.mktemp("protocol")
+    assert protocol.main(_argv(tmp)) == 0
+    return tmp
+
+
+def test_quick_writes_paired_pre_flush_tables_with_the_floor_and_bytes(study: Path) -> None:
+    out = study / "out"
+    runs = _rows(out / "runs.csv")
+    assert sorted(r["method"] for r in runs) == ["importance", "topk"]
+    by = {r["method"]: r for r in runs}
+    floor = float(by["topk"]["majority_floor"])
+    assert 0.0 < floor < 1.0 and all(float(r["majority_floor"]) == floor for r in runs)
+    for r in runs:
+        assert 0.0 <= float(r["accuracy_pre_flush"]) <= 1.0 and 0.0 <= float(r["accuracy_after_flush"]) <= 1.0
+        assert float(r["flush_bytes"]) > 0  # both hold residuals: the flush is counted, not hidden
+        total = float(r["bytes_per_step"]) * int(r["steps"]) + float(r["flush_bytes"])
+        assert float(r["run_bytes_incl_flush"]) == pytest.approx(total, rel=1e-5)
+    assert float(by["importance"]["bytes_per_step"]) < float(by["topk"]["bytes_per_step"])
+    assert float(by["importance"]["recording_bytes"]) > 0 and float(by["topk"]["recording_bytes"]) == 0
+    summary = {r["method"]: r for r in _rows(out / "summary.csv")}
+    assert float(summary["topk"]["paired_diff_vs_topk"]) == 0.0 and int(summary["topk"]["pairs"]) == 1
+    assert float(summary["topk"]["bytes_vs_topk"]) == 1.0
+    curves = json.loads((out / "curves.json").read_text())
+    for c in curves:  # evaluations at steps 0, 3 and 6 (before the flush), bytes growing with the steps
+        assert len(c["bytes"]) == len(c["values"]) == 3 and c["bytes"][0] == 0.0
+        assert c["bytes"][0] < c["bytes"][1] < c["bytes"][2]
+    assert (out / "quality_vs_bytes.png").stat().st_size > 1000
+    log = (out / "log.txt").read_text()
+    assert "0 run(s) cached, 2 to do" in log and "majority-class floor" in log
+    assert "expected ~" in log  # the duration, from the timed probe run
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["complete"] is True and meta["runs_done"] == meta["runs_planned"] == 2
+
+
+def test_a_second_invocation_reuses_the_cache_and_an_incomplete_run_is_redone(
+    study: Path, monkeypatch
+) -> None:
+    from experiments import protocol
+
+    trained: list[str] = []
+    real = protocol.execute
+
+    def counting(run, folder):
+        trained.append(run.name)
+        return real(run, folder)
+
+    monkeypatch.setattr(protocol, "execute", counting)
+    summary = study / "runs" / "topk-lr0.001-s0" / "summary.json"
+    before = summary.stat().st_mtime_ns
+    assert protocol.main(_argv(study)) == 0
+    assert trained == []  # everything cached: no run, no probe
+    assert summary.stat().st_mtime_ns == before
+    assert "2 run(s) cached, 0 to do" in (study / "out" / "log.txt").read_text()
+    summary.unlink()  # as if the run had been killed before igrt train wrote its summary
+    assert protocol.main(_argv(study)) == 0
+    assert trained == ["topk-lr0.001-s0"] and summary.is_file()
+
+
+def _plan() -> SyncPlan:
+    sizes = {
+        "0.attn_q": 400,
+        "0.attn_k": 300,
+        "0.mlp_up": 900,
+        "1.attn_q": 200,
+        "1.mlp_up": 800,
+        "1.attn_k": 100,
+    }
+    scores = {
+        "0.attn_q": 9.0,
+        "0.attn_k": 1.0,
+        "0.mlp_up": 8.0,
+        "1.attn_q": 2.0,
+        "1.mlp_up": 3.0,
+        "1.attn_k": 0.5,
+    }
+    important = {"0.attn_q", "0.mlp_up"}
+    comps, phase = [], 0
+    for key in sorted(sizes):
+        low = key not in important
+        comps.append(ComponentPlan(key=key, score=scores[key], cls=ComponentClass.LOW if low else ComponentClass.IMPORTANT,
+                                   phase=(phase := phase + 1) % 2 if low else None, expected_bytes=sizes[key]))  # fmt: skip
+    comps.append(ComponentPlan(key="other", score=0.0, cls=ComponentClass.PINNED, expected_bytes=50))
+    return SyncPlan(release_period=2, components=tuple(comps))
+
+
+def test_split_controls_are_plans_derived_from_the_real_plan() -> None:
+    from experiments.protocol import control_plans, expected_bytes_share
+
+    plan = _plan()
+    target = sum(c.expected_bytes for c in plan.components if c.cls == ComponentClass.IMPORTANT)
+    biggest = max(c.expected_bytes for c in plan.components)
+    controls = control_plans(plan, seed=3)
+    for name, p in controls.items():
+        assert isinstance(p, SyncPlan) and p.release_period == plan.release_period
+        assert [c.key for c in p.components] == [c.key for c in plan.components], name
+        assert p.by_key["other"].cls == ComponentClass.PINNED  # pinned stays pinned
+        assert p.source["derived_from"] == plan.fingerprint and p.fingerprint != plan.fingerprint
+    assert controls["all_low"].important == {"other"}
+    for name in ("random", "swapped"):
+        p = controls[name]
+        got = sum(c.expected_bytes for c in p.components if c.cls == ComponentClass.IMPORTANT)
+        assert abs(got - target) <= biggest, name  # size-matched
+        assert p.important != plan.important, name
+    swapped = controls["swapped"].important - {"other"}
+    lowest = sorted((c for c in plan.components if c.key != "other"), key=lambda c: c.score)
+    assert lowest[0].key in swapped and not (swapped & (plan.important - {"other"}))
+    assert expected_bytes_share(controls["all_low"]) == pytest.approx((50 + 2700 / 2) / 2750)
+    assert math.isclose(expected_bytes_share(plan), (50 + 1300 + 1400 / 2) / 2750)
