@@ -63,16 +63,17 @@ import numpy as np
 from experiments import common
 from experiments.common import REPO, Study, mean_std
 
+# in the order they train (a stopped study has the most telling comparisons first)
 POLICIES = (
-    "dense",
     "topk",
-    "topk_equal",
     "importance",
-    "all_low",
-    "random",
-    "swapped",
+    "topk_equal",
     "powersgd1",
+    "swapped",
+    "random",
+    "all_low",
     "powersgd2",
+    "dense",
 )
 QUICK_POLICIES = ("topk", "importance")
 LABELS = {
@@ -442,7 +443,11 @@ def run_all(study: Study, todo: Sequence[Run], runs_dir: Path, results: dict[str
             )
             return False
         study.log(f"[{i}/{len(pending)}] {r.name}: training {r.steps} steps")
-        wall = execute(r, runs_dir / r.name)
+        try:
+            wall = execute(r, runs_dir / r.name)
+        except RuntimeError as e:  # the folder stays incomplete: the next invocation redoes it
+            study.log(f"[{i}/{len(pending)}] {r.name}: FAILED, left to redo; {str(e)[-600:]}")
+            continue
         res = results[r.name] = load_result(r, runs_dir / r.name)
         done.append((r, runs_dir / r.name))
         rate = _seconds_per_step(done)
