@@ -59,6 +59,7 @@ class OpRecord:
             "kind": self.op.kind.value,
             "buckets": " ".join(map(str, self.op.buckets)),
             "num_params": len(self.op.param_names),
+            "numel": self.op.numel,
             "k": self.k,
             "capacity": self.capacity,
             "values_bytes": b.values_bytes,
