@@ -267,6 +267,28 @@ def execute(run: Run, folder: Path) -> float:
     return wall_s
 
 
+def _claim(lock: Path) -> Path | None:
+    """Take ``lock`` for this process (a file holding its pid); None while a live process holds it.
+    Two invocations of the study on one ``--runs`` folder then train different runs side by side."""
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or 0)
+                os.kill(pid, 0)
+                return None  # alive: another invocation trains this run
+            except (ValueError, ProcessLookupError, FileNotFoundError):
+                lock.unlink(missing_ok=True)  # stale: its process is gone
+                continue
+            except PermissionError:
+                return None
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return lock
+    return None
+
+
 def _seconds_per_step(done: Sequence[tuple[Run, Path]]) -> float | None:
     rates = []
     for run, folder in done:
@@ -442,12 +464,21 @@ def run_all(study: Study, todo: Sequence[Run], runs_dir: Path, results: dict[str
                 f"stopping: --budget-min reached with {len(pending) - i + 1} run(s) to do (rerun to continue)"
             )
             return False
+        if is_complete(runs_dir / r.name, r):  # another invocation finished it meanwhile
+            results[r.name] = load_result(r, runs_dir / r.name)
+            continue
+        lock = _claim(runs_dir / f"{r.name}.lock")
+        if lock is None:
+            study.log(f"[{i}/{len(pending)}] {r.name}: being trained by another invocation, skipped")
+            continue
         study.log(f"[{i}/{len(pending)}] {r.name}: training {r.steps} steps")
         try:
             wall = execute(r, runs_dir / r.name)
         except RuntimeError as e:  # the folder stays incomplete: the next invocation redoes it
             study.log(f"[{i}/{len(pending)}] {r.name}: FAILED, left to redo; {str(e)[-600:]}")
             continue
+        finally:
+            lock.unlink(missing_ok=True)
         res = results[r.name] = load_result(r, runs_dir / r.name)
         done.append((r, runs_dir / r.name))
         rate = _seconds_per_step(done)

@@ -143,3 +143,13 @@ def test_split_controls_are_plans_derived_from_the_real_plan() -> None:
     assert lowest[0].key in swapped and not (swapped & (plan.important - {"other"}))
     assert expected_bytes_share(controls["all_low"]) == pytest.approx((50 + 2700 / 2) / 2750)
     assert math.isclose(expected_bytes_share(plan), (50 + 1300 + 1400 / 2) / 2750)
+
+
+def test_a_run_lock_keeps_a_second_invocation_off_a_run_in_progress(tmp_path: Path) -> None:
+    from experiments.protocol import _claim
+
+    lock = tmp_path / "topk-lr0.001-s0.lock"
+    assert _claim(lock) == lock and lock.read_text() == str(__import__("os").getpid())
+    assert _claim(lock) is None  # held by a live process (this one)
+    lock.write_text("999999999")  # a process that is gone: the lock is stale
+    assert _claim(lock) == lock
