@@ -68,8 +68,9 @@ def sync_options(
         if not plan_path.is_absolute() and base_dir is not None:
             plan_path = Path(base_dir) / plan_path
         plan = SyncPlan.load(plan_path)
-    if config.policy == "importance" and plan is None:
+    if config.policy == "importance" and plan is None and not config.online_profiling:
         raise ValueError(
-            f"{where}: policy 'importance' needs 'plan' (a SyncPlan JSON file: igsim profile TRACE -o plan.json)"
+            f"{where}: policy 'importance' needs 'plan' (a SyncPlan JSON file: igsim profile TRACE -o plan.json) "
+            "or online profiling ('online_window' and 'replan_every')"
         )
     return SyncOptions(config=config, plan=plan, plan_path=plan_path)

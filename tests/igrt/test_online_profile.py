@@ -310,3 +310,12 @@ def test_missing_plan_message_names_online_profiling():
         TrainOptions(workload="gpt", config=PolicyConfig(policy="importance"), steps=2)
     with pytest.raises(ValueError, match="not ddp-hook"):
         TrainOptions(workload="gpt", config=PolicyConfig(**CONFIG), steps=2, integration="ddp-hook")
+
+
+def test_a_config_section_with_online_profiling_needs_no_plan():
+    from igrt.integrations import sync_options
+
+    opts = sync_options({"policy": "importance", "online_window": 2, "replan_every": 2})
+    assert opts.plan is None and opts.config.online_profiling
+    with pytest.raises(ValueError, match="or online profiling"):
+        sync_options({"policy": "importance"})
