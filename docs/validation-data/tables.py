@@ -1,0 +1,127 @@
+"""Print the collective tables of docs/validation.md from the recorded runs under this folder.
+
+    python docs/validation-data/tables.py [RUNS_DIR]
+
+RUNS_DIR (default: ``runs/`` next to this file) holds ``igrt validate`` measurement folders named
+``<round>-<testbed>-q<queue ms>`` (round A, B, C: three times; C under an extra busy loop). Prints
+(1) the model/testbed changes, one row per testbed and step, errors over the collectives >= 256
+KiB (sparse gathers included) of each run's validation cases, with the run's own fit; (2) the
+transfer table: the calibration fitted on round A predicts every case of rounds B and C.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from igsim.studies import validation as v
+
+TESTBEDS = ("star", "two-level", "hetero", "ring")
+
+
+def _load(path: Path):
+    tb, cases, raw = v.load_measurements(v.measurement_path(path))
+    return tb, cases, raw, v.testbed_topology(tb)
+
+
+def _load_avg(raw) -> str:
+    m = raw.get("machine") or {}
+    a, b = m.get("load_average_before"), m.get("load_average_after")
+    return f"{a[0]:.1f}→{b[0]:.1f}" if a and b else "—"
+
+
+def _cell(rep, key="collectives_large") -> str:
+    d = rep[key]
+    return f"{d['mape']:.1%} / {d['worst_error']:+.1%}"
+
+
+def _own(path: Path, *, per_op: bool, statistic: str = "median"):
+    tb, cases, raw, topo = _load(path)
+    f = v.fit(cases, topo, burst_s=tb.burst_s, per_op=per_op, statistic=statistic)
+    return v.build_report(cases, topo, f, burst_s=tb.burst_s, statistic=statistic), raw, f
+
+
+def model_table(runs: Path) -> str:
+    steps = [
+        ("100 ms tbf queue, one duplex factor (before)", "A-{t}-q100", False, "median"),
+        ("100 ms tbf queue, all-gather factor", "A-{t}-q100", True, "median"),
+        ("10 ms tbf queue, one duplex factor", "A-{t}-q10", False, "median"),
+        ("10 ms tbf queue, all-gather factor (after)", "A-{t}-q10", True, "median"),
+        ("10 ms queue, all-gather factor, fit and compare on min", "A-{t}-q10", True, "min"),
+    ]
+    head = "| testbed | step | load (1 min, before→after) | collectives ≥ 256 KiB: mean / worst | dense ≥ 256 KiB: mean / worst | worst case |"
+    lines = [head, "|---|---|---|---:|---:|---|"]
+    for t in TESTBEDS:
+        for label, name, per_op, stat in steps:
+            path = runs / name.format(t=t)
+            if not (path / "measurements.json").exists():
+                continue
+            rep, raw, _ = _own(path, per_op=per_op, statistic=stat)
+            lines.append(f"| {t} | {label} | {_load_avg(raw)} | {_cell(rep)} | {_cell(rep, 'dense_large')} | "
+                         f"{rep['collectives_large']['worst_case']} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def transfer_table(runs: Path, *, statistic: str = "median") -> str:
+    head = "| testbed | fitted on | α (ms) | factors AR / AG / one-way | predicted run | load | collectives ≥ 256 KiB: mean / worst | dense ≥ 256 KiB | worst case |"
+    lines = [head, "|---|---|---:|---|---|---|---:|---:|---|"]
+    for t in TESTBEDS:
+        a = runs / f"A-{t}-q10"
+        if not (a / "measurements.json").exists():
+            continue
+        _, raw_a, f = _own(a, per_op=True, statistic=statistic)
+        for rnd in ("B", "C"):
+            b = runs / f"{rnd}-{t}-q10"
+            if not (b / "measurements.json").exists():
+                continue
+            tb, cases, raw, topo = _load(b)
+            rep = v.build_report(cases, topo, f, burst_s=tb.burst_s, statistic=statistic,
+                                 roles=(v.CALIBRATION, v.VALIDATION))  # fmt: skip
+            lines.append(
+                f"| {t} | A ({raw_a['date'][11:16]}) | {f.alpha_s * 1e3:.2f} | {f.duplex_factor:.3f} / "
+                f"{f.gather_factor or f.duplex_factor:.3f} / {f.simplex_factor:.3f} | {rnd} ({raw['date'][11:16]}"
+                f"{', busy loop' if rnd == 'C' else ''}) | {_load_avg(raw)} | {_cell(rep)} | "
+                f"{_cell(rep, 'dense_large')} | {rep['collectives_large']['worst_case']} |"
+            )
+    return "\n".join(lines)
+
+
+def case_table(path: Path) -> str:
+    """Every case >= 256 KiB of one run with its own fit: measured median, spread, prediction."""
+    rep, raw, f = _own(path, per_op=True)
+    gather = f.gather_factor or f.duplex_factor
+    lines = [
+        f"`{raw.get('command', '')}` ({raw['date']}, load {_load_avg(raw)}, {raw['reps']} reps). Fit: α = "
+        f"{f.alpha_s * 1e3:.2f} ms, bandwidth × {f.duplex_factor:.3f} all-reduce, × {gather:.3f} all-gather, "
+        f"× {f.simplex_factor:.3f} one-way.",
+        "",
+        "| case | role | measured median (ms) | spread | predicted (ms) | error |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in rep["cases"]:
+        if max([r["size_bytes"], *r["sizes_bytes"]]) < 256 * 1024:
+            continue
+        lines.append(f"| {r['name']} | {r['role'][:5]} | {r['measured_median_s'] * 1e3:.1f} | {r['spread']:.0%} | "
+                     f"{r['predicted_s'] * 1e3:.1f} | {r['error']:+.1%} |")  # fmt: skip
+    d = rep["collectives_large"]
+    lines.append(f"\nValidation collectives ≥ 256 KiB: mean {d['mape']:.1%}, worst {d['worst_error']:+.1%} "
+                 f"({d['worst_case']}); Kendall τ {rep['validation_kendall_tau']:.3f} over all validation cases.")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    runs = Path(argv[0]) if argv else Path(__file__).parent / "runs"
+    print("## model and testbed changes (each run's own fit, validation cases)\n")
+    print(model_table(runs))
+    print("\n## transfer (fit on round A, every case of B and C out of sample)\n")
+    print(transfer_table(runs))
+    for t in TESTBEDS:
+        for q in (10, 30):
+            if (runs / f"A-{t}-q{q}" / "measurements.json").exists():
+                print(f"\n## {t}, run A, {q} ms queues\n")
+                print(case_table(runs / f"A-{t}-q{q}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
