@@ -378,6 +378,17 @@ def profile(
     return plan, scores, result
 
 
+def plan_decision_id(plan: Any) -> str:
+    """16 hex digits of what ``plan`` decides (release period, each component's class and phase, the
+    policy settings it recommends), not where its trace lay or how it was profiled: two plans with one
+    id train alike."""
+    import hashlib
+
+    comps = sorted((c.key, c.cls.value, c.phase) for c in plan.components)
+    decides = [plan.release_period, comps, sorted(plan.policy_defaults.items())]
+    return hashlib.sha256(json.dumps(decides).encode()).hexdigest()[:16]
+
+
 def plan_byte_share(plan: Any) -> float:
     """Share of the plan's expected bytes per release held by low-importance components."""
     total = sum(c.expected_bytes for c in plan.components)

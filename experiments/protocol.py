@@ -192,14 +192,14 @@ class Run:
     density: float
     release_period: int
     plan_path: str | None = None
-    plan_fingerprint: str | None = None
+    plan_id: str | None = None  # common.plan_decision_id: what the plan decides
 
     @property
     def name(self) -> str:
         return f"{self.tag}-lr{self.lr:g}-s{self.seed}"
 
     def settings(self) -> dict[str, Any]:
-        """What identifies the run (the plan by fingerprint, not by path)."""
+        """What identifies the run (the plan by what it decides, not by path or fingerprint)."""
         d = dataclasses.asdict(self)
         d.pop("plan_path")
         return d
@@ -298,11 +298,9 @@ def _seconds_per_step(done: Sequence[tuple[Run, Path]]) -> float | None:
 
 
 def probe_seconds_per_step(study: Study, base: Run, runs_dir: Path) -> float:
-    """Seconds per step (start-up and evaluation included) of a short Top-k run, timed once and cached
-    in ``runs_dir/_probe``."""
-    probe = dataclasses.replace(
-        base, tag="topk", steps=min(base.steps, 2 if base.tiny else 10), eval_every=0, seed=0
-    )
+    """Seconds per step (start-up and evaluation included) of a short run of ``base`` (Top-k+EF), timed
+    once and cached in ``runs_dir/_probe``."""
+    probe = dataclasses.replace(base, steps=min(base.steps, 2 if base.tiny else 10), eval_every=0)
     folder = runs_dir / "_probe"
     if not is_complete(folder, probe):
         study.log(f"timing a {probe.steps}-step probe run to estimate the duration")
@@ -426,7 +424,7 @@ def _run(settings, tag: str, *, lr: float, seed: int, plans, paths) -> Run:
         warmup_steps=settings["warmup_steps"], eval_every=settings["eval_every"], nproc=settings["nproc"],
         batch_size=settings["batch_size"], density=density, release_period=settings["release_period"],
         plan_path=str(paths[tag]) if plan is not None else None,
-        plan_fingerprint=plan.fingerprint if plan is not None else None,
+        plan_id=common.plan_decision_id(plan) if plan is not None else None,
     )  # fmt: skip
 
 
@@ -642,7 +640,8 @@ def run(study: Study) -> dict[str, Any]:
         [(r, runs_dir / r.name) for r in seed_runs_planned if is_complete(runs_dir / r.name, r)]
     )
     if rate is None and not (a.no_probe or a.report_only):
-        rate = probe_seconds_per_step(study, tuning[0], runs_dir)
+        topk = _run(settings, "topk", lr=settings["lrs"][0], seed=0, plans=plans, paths=paths)
+        rate = probe_seconds_per_step(study, topk, runs_dir)
     total_steps = steps * (len(tuning) + len(seed_runs_planned))
     if rate:
         study.log(f"the whole protocol: {len(tuning) + len(seed_runs_planned)} runs x {steps} steps, "

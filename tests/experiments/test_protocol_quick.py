@@ -133,6 +133,11 @@ def test_split_controls_are_plans_derived_from_the_real_plan() -> None:
         assert p.by_key["other"].cls == ComponentClass.PINNED  # pinned stays pinned
         assert p.source["derived_from"] == plan.fingerprint and p.fingerprint != plan.fingerprint
     assert controls["all_low"].important == {"other"}
+    from experiments.common import plan_decision_id
+
+    moved = __import__("dataclasses").replace(plan, source={"trace": "/elsewhere"})
+    assert plan_decision_id(moved) == plan_decision_id(plan) and moved.fingerprint != plan.fingerprint
+    assert len({plan_decision_id(p) for p in (plan, *controls.values())}) == 4
     for name in ("random", "swapped"):
         p = controls[name]
         got = sum(c.expected_bytes for c in p.components if c.cls == ComponentClass.IMPORTANT)
