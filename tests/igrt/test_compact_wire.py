@@ -254,3 +254,51 @@ def test_conservation_with_rounding_error_feedback_on_two_ranks(pool, policy):
                 tol = 2**-7 if n in s0["in_dense"] else 1e-5
                 torch.testing.assert_close(g0, mean, rtol=tol, atol=tol * float(mean.abs().max() + 1e-3))
     assert kinds == {"dense", "sparse"}
+
+
+def _nonfinite_worker(rank: int, world: int, integration: str, collective: str):
+    """Rank 1 gets a NaN gradient at step 1 under (2,1) widths: the poisoned int8 payload (its scale
+    is NaN) must make every rank skip that step, and nothing is lost."""
+    from igrt.integrations.ddp_hook import ImportanceHookState, importance_hook
+
+    torch.manual_seed(0)
+    model = TinyLM()
+    cfg = PolicyConfig(
+        policy="topk", density=0.3, num_buckets=3, collective=collective, index_bytes=2, value_bytes=1
+    )
+    if integration == "sync":
+        sync, fwd = Synchronizer(model, config=cfg, plan=None, track_sums=True), model
+    else:
+        fwd = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001)
+        state = ImportanceHookState(fwd, config=cfg, plan=None, track_sums=True)
+        fwd.register_comm_hook(state, importance_hook)
+        sync = state.sync
+    first = next(iter(model.parameters()))
+    skipped, gaps, finite = [], [], []
+    for t in range(3):
+        model.zero_grad(set_to_none=True)
+        handle = None
+        if t == 1 and rank == 1 and integration != "sync":
+            handle = first.register_hook(lambda g: torch.full_like(g, float("nan")))
+        tokens = _tokens(rank, t)
+        logits = fwd(tokens[:, :-1])
+        torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)
+        ).backward()
+        if t == 1 and rank == 1 and integration == "sync":
+            first.grad.view(-1)[0] = float("nan")
+        row = sync.step() if integration == "sync" else state.finish_step()[0]
+        if handle is not None:
+            handle.remove()
+        skipped.append(row.extra["nonfinite_skipped"])
+        finite.append(all(bool(torch.isfinite(sync.residuals.get(n)).all()) for n in sync.residuals.names()))
+        gaps.append(max(sync.residuals.conservation_gap().values()))
+    return skipped, finite, gaps
+
+
+@pytest.mark.parametrize(
+    ("integration", "collective"), [("sync", "sparse"), ("ddp-hook", "sparse"), ("sync", "dense")]
+)
+def test_a_poisoned_compact_payload_skips_the_step_on_every_rank(pool, integration, collective):
+    for skipped, finite, gaps in pool.run(_nonfinite_worker, args=(integration, collective), timeout_s=120):
+        assert skipped == [0.0, 1.0, 0.0] and all(finite) and max(gaps) < 1e-5, (skipped, finite, gaps)
