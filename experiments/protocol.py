@@ -297,14 +297,24 @@ def _seconds_per_step(done: Sequence[tuple[Run, Path]]) -> float | None:
     return float(np.median(rates)) if rates else None
 
 
-def probe_seconds_per_step(study: Study, base: Run, runs_dir: Path) -> float:
+def probe_seconds_per_step(study: Study, base: Run, runs_dir: Path) -> float | None:
     """Seconds per step (start-up and evaluation included) of a short run of ``base`` (Top-k+EF), timed
-    once and cached in ``runs_dir/_probe``."""
+    once and cached in ``runs_dir/_probe``; None (the duration unknown until a run is done) while
+    another invocation times it or when it fails."""
     probe = dataclasses.replace(base, steps=min(base.steps, 2 if base.tiny else 10), eval_every=0)
     folder = runs_dir / "_probe"
     if not is_complete(folder, probe):
+        lock = _claim(runs_dir / "_probe.lock")
+        if lock is None:
+            return None
         study.log(f"timing a {probe.steps}-step probe run to estimate the duration")
-        execute(probe, folder)
+        try:
+            execute(probe, folder)
+        except RuntimeError as e:
+            study.log(f"the probe run failed, duration unknown: {str(e)[-300:]}")
+            return None
+        finally:
+            lock.unlink(missing_ok=True)
     return json.loads((folder / MARK_NAME).read_text())["wall_s"] / probe.steps
 
 
