@@ -54,6 +54,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="few sizes and 3 reps (the CI smoke version)")
     p.add_argument("--reps", type=int, default=None, help="timed reps per case (default 7, --quick 3)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per case before the reps")
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="time the reps in rounds over all cases (rep i of every case before rep i+1), not back to back",
+    )
     p.add_argument("--out", default="validate-out", help="directory for measurements, calibration, report")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="kill the ranks after this long")
     p.add_argument(
@@ -218,6 +223,7 @@ def measure_on_testbed(
     warmup: int,
     timeout_s: float,
     steps: dict[str, Any] | None = None,
+    interleave: bool = False,
 ) -> dict[str, Any]:
     """Build the testbed, time ``cases`` on it (then, with ``steps``, train every policy on it),
     always tear it down; returns the measurement file."""
@@ -232,7 +238,9 @@ def measure_on_testbed(
     status_line("igrt validate", f"building the testbed ({spec.num_ranks} rank namespaces, shaped links)")
     with testbed.Testbed(spec):
         status_line("igrt validate", f"timing {len(cases)} cases x {reps} reps on real gloo ranks")
-        measured = netmeasure.measure(cases, spec=spec, reps=reps, warmup=warmup, timeout_s=timeout_s)
+        measured = netmeasure.measure(
+            cases, spec=spec, reps=reps, warmup=warmup, timeout_s=timeout_s, interleave=interleave
+        )
         wall = time.time() - t0
         load_after = list(os.getloadavg())
         for policy in (steps or {}).get("policies", ()):
@@ -251,6 +259,7 @@ def measure_on_testbed(
         "testbed": _describe(spec),
         "reps": reps,
         "warmup": warmup,
+        "interleaved": interleave,
         "host": measured.get("host", ""),
         "date": date,
         "wall_s": wall,
@@ -299,7 +308,13 @@ def run(args: argparse.Namespace) -> int:
         steps["dir"].mkdir(parents=True, exist_ok=True)
         prepare_steps(steps["dir"], workload=args.workload, steps=args.steps, tiny=args.tiny)
     data = measure_on_testbed(
-        spec, cases, reps=reps, warmup=args.warmup, timeout_s=args.timeout_s, steps=steps
+        spec,
+        cases,
+        reps=reps,
+        warmup=args.warmup,
+        timeout_s=args.timeout_s,
+        steps=steps,
+        interleave=args.interleave,
     )
     data["command"] = "igrt validate " + shlex.join(
         sys.argv[2:] if sys.argv[1:2] == ["validate"] else sys.argv[1:]

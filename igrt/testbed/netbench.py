@@ -2,8 +2,9 @@
 
 Run once per rank (``python -m igrt.testbed.netbench --cases C.json --out R.json``) with the usual
 ``MASTER_ADDR/PORT, RANK, WORLD_SIZE`` environment — inside the testbed's namespaces (see
-:mod:`igrt.validate`) or on loopback. Each case is timed ``reps`` times after ``warmup`` runs; every rep
-starts after a barrier, and its time is the slowest rank's (a collective ends when its last rank ends).
+:mod:`igrt.validate`) or on loopback. Each case is timed ``reps`` times after ``warmup`` runs, back
+to back or, with ``--interleave``, in rounds over all cases (rep i of every case before rep i+1); every
+rep starts after a barrier, and its time is the slowest rank's (a collective ends when its last rank ends).
 Rank 0 writes the JSON result.
 
 Case kinds (``op``):
@@ -86,16 +87,18 @@ def time_case(case: Mapping[str, Any], *, reps: int, warmup: int) -> list[float]
     fn = _op_fn(case)
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(reps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        t = float(elapsed.item())
-        times.append(t / 2 if case["op"] == "p2p" else t)
-    return times
+    return [_time_once(case, fn) for _ in range(reps)]
+
+
+def _time_once(case: Mapping[str, Any], fn) -> float:
+    """One rep of ``case``: after a barrier, until the slowest rank is done (p2p: one way)."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    t = float(elapsed.item())
+    return t / 2 if case["op"] == "p2p" else t
 
 
 def warm_up(size_bytes: int = 256 * 1024) -> None:
@@ -111,30 +114,51 @@ def warm_up(size_bytes: int = 256 * 1024) -> None:
     dist.barrier()
 
 
-def run_cases(cases: Sequence[Mapping[str, Any]], *, reps: int = 5, warmup: int = 1) -> list[dict[str, Any]]:
+def run_cases(
+    cases: Sequence[Mapping[str, Any]], *, reps: int = 5, warmup: int = 1, interleave: bool = False
+) -> list[dict[str, Any]]:
     """Time every case; returns one record per case with times, median and spread (seconds).
 
-    Runs :func:`warm_up` first when ``warmup`` > 0."""
+    Runs :func:`warm_up` first when ``warmup`` > 0. ``interleave``: rep i of every case runs before
+    rep i+1 of any (rounds over the whole list), so a burst of CPU load from outside lands on a rep
+    of several cases rather than on every rep of one, and the median filters it out; otherwise each
+    case's reps run back to back."""
     if warmup > 0:
         warm_up()
-    out = []
+    if not interleave:
+        return [_record(c, _timed(c, reps=reps, warmup=warmup, index=i, total=len(cases)))
+                for i, c in enumerate(cases)]  # fmt: skip
+    fns = [_op_fn(c) for c in cases]
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times: list[list[float]] = [[] for _ in cases]
     t0 = time.monotonic()
-    for i, case in enumerate(cases):
+    for rep in range(reps):
         if dist.get_rank() == 0:  # igrt validate shows rank 0's output as it comes
-            print(f"netbench {time.strftime('%H:%M:%S')} case {i + 1}/{len(cases)} {case.get('name', case['op'])} "
+            print(f"netbench {time.strftime('%H:%M:%S')} round {rep + 1}/{reps} over {len(cases)} cases "
                   f"({time.monotonic() - t0:.0f} s so far)", file=sys.stderr, flush=True)  # fmt: skip
-        times = time_case(case, reps=reps, warmup=warmup)
-        out.append(
-            {
-                **dict(case),
-                "world_size": dist.get_world_size(),
-                "times_s": times,
-                "median_s": statistics.median(times),
-                "min_s": min(times),
-                "max_s": max(times),
-            }
-        )
-    return out
+        for i, (case, fn) in enumerate(zip(cases, fns)):
+            times[i].append(_time_once(case, fn))
+    return [_record(c, t) for c, t in zip(cases, times)]
+
+
+def _timed(case: Mapping[str, Any], *, reps: int, warmup: int, index: int, total: int) -> list[float]:
+    if dist.get_rank() == 0:
+        print(f"netbench {time.strftime('%H:%M:%S')} case {index + 1}/{total} {case.get('name', case['op'])}",
+              file=sys.stderr, flush=True)  # fmt: skip
+    return time_case(case, reps=reps, warmup=warmup)
+
+
+def _record(case: Mapping[str, Any], times: list[float]) -> dict[str, Any]:
+    return {
+        **dict(case),
+        "world_size": dist.get_world_size(),
+        "times_s": times,
+        "median_s": statistics.median(times),
+        "min_s": min(times),
+        "max_s": max(times),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -144,13 +168,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--timeout-s", type=float, default=300.0)
+    ap.add_argument("--interleave", action="store_true", help="reps in rounds over all cases")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     with open(args.cases) as f:
         cases = json.load(f)
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))
     try:
-        results = run_cases(cases, reps=args.reps, warmup=args.warmup)
+        results = run_cases(cases, reps=args.reps, warmup=args.warmup, interleave=args.interleave)
         if dist.get_rank() == 0:
             tmp = args.out + ".tmp"
             with open(tmp, "w") as f:

@@ -140,9 +140,11 @@ def measure(
     reps: int = 5,
     warmup: int = 1,
     timeout_s: float = 600.0,
+    interleave: bool = False,
 ) -> dict[str, Any]:
     """Time ``cases`` on real gloo processes: one per testbed namespace, or on loopback without ``spec``.
 
+    ``interleave``: the reps in rounds over all cases (see :func:`igrt.testbed.netbench.run_cases`).
     Returns rank 0's :mod:`igrt.testbed.netbench` JSON (``world_size``, ``host``, ``results``). Errors as
     :func:`run_ranks`.
     """
@@ -150,6 +152,6 @@ def measure(
         cases_path, out_path = Path(tmp) / "cases.json", Path(tmp) / "result.json"
         cases_path.write_text(json.dumps(list(cases)))
         args = ["igrt.testbed.netbench", "--cases", str(cases_path), "--out", str(out_path), "--reps", str(reps),
-                "--warmup", str(warmup), "--timeout-s", str(timeout_s)]  # fmt: skip
+                "--warmup", str(warmup), "--timeout-s", str(timeout_s)] + (["--interleave"] if interleave else [])  # fmt: skip
         run_ranks(args, spec=spec, num_ranks=num_ranks, timeout_s=timeout_s, what="netbench")
         return json.loads(out_path.read_text())
