@@ -107,17 +107,15 @@ def wire_dtypes(config: PolicyConfig) -> tuple[torch.dtype, torch.dtype]:
 def quantize_int8(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(int8 q, fp32 scale) of one payload's values: ``scale = max |v| / 127`` (0 when every value
     is 0 or there is none), ``q = round(v / scale)``. A non-finite value makes the scale NaN, so
-    the payload decodes to NaN (a poisoned payload stays poisoned); its q is 0."""
+    the payload decodes to NaN (a poisoned payload stays poisoned); its q is 0. No host sync."""
     v = values.detach().to(torch.float32).reshape(-1)
     if v.numel() == 0:
         return torch.empty(0, dtype=torch.int8, device=v.device), torch.zeros((), device=v.device)
     amax = v.abs().amax()
-    if not bool(torch.isfinite(amax)):
-        nan = torch.full((), torch.nan, device=v.device)
-        return torch.zeros(v.shape, dtype=torch.int8, device=v.device), nan
-    scale = amax / 127.0  # 0 when every value is 0 (or so tiny that it underflows): nothing is sent
-    q = torch.zeros_like(v) if float(scale) == 0.0 else torch.round(v / scale).clamp_(-127, 127)
-    return q.to(torch.int8), scale
+    scale = torch.where(torch.isfinite(amax), amax / 127.0, torch.nan)
+    # scale 0 (every value 0, or so tiny that it underflows): q = 0, the values stay in the residual
+    q = torch.round(v / torch.where(scale > 0, scale, 1.0)).clamp_(-127, 127)
+    return torch.nan_to_num(q, nan=0.0).to(torch.int8), scale
 
 
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
