@@ -48,6 +48,8 @@ def model_table(runs: Path) -> str:
         ("10 ms tbf queue, one duplex factor", "A-{t}-q10", False, "median"),
         ("10 ms tbf queue, all-gather factor (after)", "A-{t}-q10", True, "median"),
         ("10 ms queue, all-gather factor, fit and compare on min", "A-{t}-q10", True, "min"),
+        ("30 ms tbf queue, all-gather factor", "A-{t}-q30", True, "median"),
+        ("10 ms queue, all-gather factor, reps interleaved (round Ai)", "Ai-{t}-q10", True, "median"),
     ]
     head = "| testbed | step | load (1 min, before→after) | collectives ≥ 256 KiB: mean / worst | dense ≥ 256 KiB: mean / worst | worst case |"
     lines = [head, "|---|---|---|---:|---:|---|"]
@@ -62,15 +64,17 @@ def model_table(runs: Path) -> str:
     return "\n".join(lines)
 
 
-def transfer_table(runs: Path, *, statistic: str = "median") -> str:
+def transfer_table(
+    runs: Path, *, statistic: str = "median", rounds: tuple[str, str, str] = ("A", "B", "C")
+) -> str:
     head = "| testbed | fitted on | α (ms) | factors AR / AG / one-way | predicted run | load | collectives ≥ 256 KiB: mean / worst | dense ≥ 256 KiB | worst case |"
     lines = [head, "|---|---|---:|---|---|---|---:|---:|---|"]
     for t in TESTBEDS:
-        a = runs / f"A-{t}-q10"
+        a = runs / f"{rounds[0]}-{t}-q10"
         if not (a / "measurements.json").exists():
             continue
         _, raw_a, f = _own(a, per_op=True, statistic=statistic)
-        for rnd in ("B", "C"):
+        for rnd in rounds[1:]:
             b = runs / f"{rnd}-{t}-q10"
             if not (b / "measurements.json").exists():
                 continue
@@ -78,9 +82,9 @@ def transfer_table(runs: Path, *, statistic: str = "median") -> str:
             rep = v.build_report(cases, topo, f, burst_s=tb.burst_s, statistic=statistic,
                                  roles=(v.CALIBRATION, v.VALIDATION))  # fmt: skip
             lines.append(
-                f"| {t} | A ({raw_a['date'][11:16]}) | {f.alpha_s * 1e3:.2f} | {f.duplex_factor:.3f} / "
+                f"| {t} | {rounds[0]} ({raw_a['date'][11:16]}) | {f.alpha_s * 1e3:.2f} | {f.duplex_factor:.3f} / "
                 f"{f.gather_factor or f.duplex_factor:.3f} / {f.simplex_factor:.3f} | {rnd} ({raw['date'][11:16]}"
-                f"{', busy loop' if rnd == 'C' else ''}) | {_load_avg(raw)} | {_cell(rep)} | "
+                f"{', busy loop' if rnd.startswith('C') else ''}) | {_load_avg(raw)} | {_cell(rep)} | "
                 f"{_cell(rep, 'dense_large')} | {rep['collectives_large']['worst_case']} |"
             )
     return "\n".join(lines)
@@ -109,17 +113,40 @@ def case_table(path: Path) -> str:
     return "\n".join(lines)
 
 
+def cross_table(runs: Path, *, rounds: tuple[str, str, str] = ("A", "B", "C")) -> str:
+    """The star's round-A calibration (the shipped default) on every testbed's rounds B and C."""
+    _, _, f = _own(runs / f"{rounds[0]}-star-q10", per_op=True)
+    lines = [
+        "| predicted run | load | collectives ≥ 256 KiB: mean / worst | worst case |",
+        "|---|---|---:|---|",
+    ]
+    for t in TESTBEDS:
+        for rnd in rounds[1:]:
+            b = runs / f"{rnd}-{t}-q10"
+            if not (b / "measurements.json").exists():
+                continue
+            tb, cases, raw, topo = _load(b)
+            rep = v.build_report(cases, topo, f, burst_s=tb.burst_s, roles=(v.CALIBRATION, v.VALIDATION))
+            lines.append(
+                f"| {rnd}-{t} | {_load_avg(raw)} | {_cell(rep)} | {rep['collectives_large']['worst_case']} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     runs = Path(argv[0]) if argv else Path(__file__).parent / "runs"
     print("## model and testbed changes (each run's own fit, validation cases)\n")
     print(model_table(runs))
     print("\n## transfer (fit on round A, every case of B and C out of sample)\n")
     print(transfer_table(runs))
+    print("\n## transfer, reps interleaved (fit on Ai, predict Bi and Ci)\n")
+    print(transfer_table(runs, rounds=("Ai", "Bi", "Ci")))
+    print("\n## the star's calibration (the shipped default) on every testbed\n")
+    print(cross_table(runs))
     for t in TESTBEDS:
-        for q in (10, 30):
-            if (runs / f"A-{t}-q{q}" / "measurements.json").exists():
-                print(f"\n## {t}, run A, {q} ms queues\n")
-                print(case_table(runs / f"A-{t}-q{q}"))
+        if (runs / f"A-{t}-q10" / "measurements.json").exists():
+            print(f"\n### {t}\n")
+            print(case_table(runs / f"A-{t}-q10"))
     return 0
 
 
