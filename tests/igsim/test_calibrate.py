@@ -1,0 +1,124 @@
+"""``igsim calibrate``: a calibration refit on one recorded ``igrt validate`` run predicts another run
+of the same testbed, measured at another time (and under another CPU load), within the targets.
+
+The runs are real measurements committed under docs/validation-data/runs (no root needed here):
+``A-<testbed>-q<ms>`` and ``B-…`` a few minutes apart, ``C-…`` with an extra busy loop running.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from igsim.cli import main as igsim_main
+from igsim.net.calibration import Calibration
+from igsim.studies import validation as v
+
+RUNS = Path(__file__).resolve().parents[2] / "docs" / "validation-data" / "runs"
+QUEUE_MS = 10  # the testbed's default shaper queue (igrt.testbed.namespaces.DEFAULT_QUEUE_S)
+TESTBEDS = ("star", "two-level", "hetero", "ring")
+
+
+def _report(fit_on: Path, predict: Path) -> dict:
+    tb_a, cases_a, _ = v.load_measurements(v.measurement_path(fit_on))
+    fit = v.fit(cases_a, v.testbed_topology(tb_a), burst_s=tb_a.burst_s)
+    tb, cases, _ = v.load_measurements(v.measurement_path(predict))
+    return v.build_report(cases, v.testbed_topology(tb), fit, burst_s=tb.burst_s,
+                          roles=(v.CALIBRATION, v.VALIDATION))  # fmt: skip
+
+
+# Pairs whose worst case misses the 10 % target on these recordings, and why (measured; the
+# numbers are in docs/validation.md). strict: a pair that starts to pass must be moved out of here.
+_LOAD = "one 256 KiB case much slower than the fit's run (CPU load, 1-min load average {})"
+WORST_MISSES = {
+    ("B", "star"): _LOAD.format("7.9-9.9: all_gather 256 KiB took 2x in all 7 back-to-back reps, -50.8 %"),
+    ("C", "star"): _LOAD.format("11.4-13.9 with the busy loop: all_reduce 256 KiB -26.3 %"),
+    (
+        "B",
+        "two-level",
+    ): "broadcast 1 MiB across the uplink -16.0 % (loss stalls in a 10 ms queue, load 7.5-9.6)",
+    ("C", "two-level"): _LOAD.format("12.2-13.2 with the busy loop: all_gather 256 KiB -12.9 %"),
+    ("B", "hetero"): _LOAD.format("7.7-8.3: all_gather 256 KiB -10.1 %"),
+    ("C", "hetero"): _LOAD.format("12.0-12.2 with the busy loop: all_gather 256 KiB -25.8 %"),
+}
+MEAN_MISSES = {
+    ("B", "star"): "mean 5.4 %: the -50.8 % all_gather 256 KiB case alone adds 2.4 points",
+    ("C", "star"): "mean 9.4 % with the busy loop (load 11.4-13.9): the 256 KiB rings 18-26 % slow",
+}
+
+
+def _pairs(misses: dict) -> list:
+    return [
+        pytest.param(o, t, marks=pytest.mark.xfail(strict=True, reason=misses[(o, t)])) if (o, t) in misses
+        else (o, t)
+        for o in ("B", "C") for t in TESTBEDS
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("other", "testbed"), _pairs(MEAN_MISSES))
+def test_fit_on_one_run_predicts_another_mean_within_target(other, testbed):
+    rep = _report(RUNS / f"A-{testbed}-q{QUEUE_MS}", RUNS / f"{other}-{testbed}-q{QUEUE_MS}")
+    d = rep["collectives_large"]  # every collective >= 256 KiB of the other run, sparse gathers included
+    assert d["num_cases"] >= 10
+    assert d["meets_mean"], d
+
+
+@pytest.mark.parametrize(("other", "testbed"), _pairs(WORST_MISSES))
+def test_fit_on_one_run_predicts_another_worst_within_target(other, testbed):
+    rep = _report(RUNS / f"A-{testbed}-q{QUEUE_MS}", RUNS / f"{other}-{testbed}-q{QUEUE_MS}")
+    assert rep["collectives_large"]["meets_worst"], rep["collectives_large"]
+
+
+def test_shipped_default_is_the_fresh_star_fit_and_beats_the_old_one():
+    """The shipped calibration is round A's star fit; on round B it predicts better than the
+    calibration shipped before (fitted on 2026-11-30 under heavy load, one duplex factor only)."""
+    default = v.Fit.from_calibration(Calibration.testbed_default())
+    tb_a, cases_a, _ = v.load_measurements(RUNS / f"A-star-q{QUEUE_MS}" / "measurements.json")
+    fresh = v.fit(cases_a, v.testbed_topology(tb_a), burst_s=tb_a.burst_s)
+    for op in ("all_reduce", "all_gather", "p2p"):
+        assert default.factor(op) == pytest.approx(fresh.factor(op), rel=1e-9)
+    old = v.Fit.from_calibration(Calibration.load(RUNS.parent / "star" / "calibration.json"))
+    tb, cases, _ = v.load_measurements(RUNS / f"B-star-q{QUEUE_MS}" / "measurements.json")
+
+    def mape(fit: v.Fit) -> float:
+        return v.build_report(cases, v.testbed_topology(tb), fit, burst_s=tb.burst_s,
+                              roles=(v.CALIBRATION, v.VALIDATION))["collectives_large"]["mape"]  # fmt: skip
+
+    assert mape(default) < mape(old)
+
+
+def test_calibrate_command_refits_and_checks(tmp_path, capsys):
+    out = tmp_path / "cal.json"
+    a, b = RUNS / f"A-ring-q{QUEUE_MS}", RUNS / f"B-ring-q{QUEUE_MS}"
+    rc = igsim_main(["calibrate", str(a), "-o", str(out), "--check", str(b / "measurements.json")])
+    text = capsys.readouterr()
+    assert rc == 0, text.out + text.err
+    assert "done in" in text.out  # the wall time is printed (docs/validation.md quotes it), not asserted
+    assert "collectives >= 256 KiB" in text.out and "-> met" in text.out
+    assert "fitting on" in text.err  # progress on stderr
+    cal = Calibration.load(out)
+    fit = v.fit(*_cases(a), burst_s=v.load_measurements(a / "measurements.json")[0].burst_s)
+    assert v.Fit.from_calibration(cal).factor("all_gather") == pytest.approx(fit.factor("all_gather"))
+    assert json.loads(out.read_text())["source"].startswith("igsim calibrate")
+    # a checked run that misses the targets makes the exit status 1 (round B of the star: -50.8 %)
+    star = [str(RUNS / f"{r}-star-q{QUEUE_MS}") for r in ("A", "B")]
+    assert igsim_main(["calibrate", star[0], "-o", str(out), "--check", star[1]]) == 1
+    assert "MISSED" in capsys.readouterr().out
+
+
+def _cases(run: Path):
+    tb, cases, _ = v.load_measurements(run / "measurements.json")
+    return cases, v.testbed_topology(tb)
+
+
+def test_calibrate_errors_name_the_input(tmp_path, capsys):
+    assert igsim_main(["calibrate", str(tmp_path / "nope"), "-o", str(tmp_path / "c.json")]) != 0
+    assert "nope: no such run folder" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert igsim_main(["calibrate", str(tmp_path / "empty"), "-o", str(tmp_path / "c.json")]) != 0
+    assert "without measurements.json" in capsys.readouterr().err
+    run = RUNS / f"A-star-q{QUEUE_MS}"
+    assert igsim_main(["calibrate", str(run), "-o", str(tmp_path)]) != 0  # a folder, not a file
+    assert "is a folder" in capsys.readouterr().err
