@@ -467,6 +467,9 @@ def run_all(study: Study, todo: Sequence[Run], runs_dir: Path, results: dict[str
     study.log(f"{len(todo) - len(pending)} run(s) cached, {len(pending)} to do; expected {eta}"
               + (f" ({rate:.2f} s/step)" if rate else ""))  # fmt: skip
     for i, r in enumerate(pending, 1):
+        if stop_at is not None and stop_at < 0:
+            study.log(f"--report-only: {len(pending)} run(s) not trained")
+            return False
         if stop_at is not None and time.monotonic() > stop_at:
             study.log(
                 f"stopping: --budget-min reached with {len(pending) - i + 1} run(s) to do (rerun to continue)"
@@ -658,7 +661,7 @@ def run(study: Study) -> dict[str, Any]:
                   f"~{rate * total_steps / 3600:.1f} h at {rate:.2f} s/step (cached runs are not rerun)")  # fmt: skip
     stop_at = time.monotonic() + a.budget_min * 60 if a.budget_min else None
     if a.report_only:
-        stop_at = time.monotonic() - 1.0  # tables of the cached runs only: start nothing
+        stop_at = -1.0  # tables of the cached runs only: start nothing
     study.log("tuning: every method at every LR of the grid on seed 0")
     finished = run_all(study, tuning, runs_dir, results, estimate_s_per_step=rate, stop_at=stop_at)
     best = best_lrs(settings, results, tuning)

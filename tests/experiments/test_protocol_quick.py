@@ -91,6 +91,11 @@ def test_a_second_invocation_reuses_the_cache_and_an_incomplete_run_is_redone(
     summary.unlink()  # as if the run had been killed before igrt train wrote its summary
     assert protocol.main(_argv(study)) == 0
     assert trained == ["topk-lr0.001-s0"] and summary.is_file()
+    summary.unlink()
+    assert protocol.main([*_argv(study), "--report-only"]) == 0  # tables only: the gap is reported, not run
+    assert trained == ["topk-lr0.001-s0"] and not summary.exists()
+    assert [r["method"] for r in _rows(study / "out" / "runs.csv")] == ["importance"]
+    assert "--report-only: 1 run(s) not trained" in (study / "out" / "log.txt").read_text()
 
 
 def _plan() -> SyncPlan:
