@@ -26,7 +26,23 @@ from igpolicy.cli_util import reading
 from igsim.net.calibration import Calibration
 from igsim.studies import validation as v
 
-__all__ = ["add_arguments", "add_model_arguments", "format_report", "main", "run"]
+__all__ = ["add_arguments", "add_model_arguments", "format_report", "main", "measurement_flags", "run"]
+
+
+def measurement_flags(raw: Mapping[str, Any]) -> list[str]:
+    """Why a measurement lies outside the model's validated range, by the step report's rule
+    (:func:`igsim.studies.step_validation.range_flags`: 2 ranks on gloo, more ranks than cores, a
+    busy CPU when the timing ended); empty for files without the machine record."""
+    from igsim.studies.step_validation import range_flags
+
+    machine = raw.get("machine") or {}
+    load = machine.get("load_average_after")
+    summary = {
+        "world_size": raw.get("testbed", {}).get("num_ranks", 0),
+        "backend": "gloo",
+        "machine": {"cpu_count": machine.get("cpu_count"), "load_average": load},
+    }
+    return range_flags(summary)
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -98,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
     report["measurements"] = str(args.measurements)
     if args.calibration:
         report["calibration"] = str(args.calibration)
-    for k in ("command", "reps", "warmup", "host", "date", "machine"):
+    report["flags"] = measurement_flags(raw)
+    for k in ("command", "reps", "warmup", "interleaved", "host", "date", "machine"):
         if k in raw:
             report[k] = raw[k]
     steps_text = ""
@@ -148,6 +165,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"{gather}, x{f['simplex_factor']:.4f} (one-way)",
         f"errors against each case's {stat} of {report.get('reps', '?')} reps"
         + (f"; 1-min load average {load[0]:.2f} when timing ended" if load else ""),
+        *(f"FLAGGED (outside the validated range): {f}" for f in report.get("flags", ())),
         "",
         f"{'case':30s} {'role':5s} {'size':>10s} {'measured ms':>12s} {'spread':>7s} {'predicted':>10s} {'error':>8s}",
     ]

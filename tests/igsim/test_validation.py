@@ -253,3 +253,13 @@ def test_ring_topology_gives_each_pair_its_own_link():
     assert v.predict_case(bc, star3, fit) == pytest.approx(2 * MiB / 12.5e6)
     # a ring all-reduce uses one link per direction either way: the same time
     assert v.predict_case(ar, ring, fit) == pytest.approx(v.predict_case(ar, star3, fit))
+
+
+def test_busy_measurements_are_flagged_by_the_step_reports_rule():
+    from igsim.cli.validate_report import measurement_flags
+
+    busy = {"testbed": {"num_ranks": 3}, "machine": {"cpu_count": 2, "load_average_after": [9.5, 8, 7]}}
+    assert any("CPU busy" in f for f in measurement_flags(busy))
+    quiet = {"testbed": {"num_ranks": 3}, "machine": {"cpu_count": 16, "load_average_after": [0.5, 0.5, 0.5]}}
+    assert measurement_flags(quiet) == []
+    assert any("2 ranks" in f for f in measurement_flags({"testbed": {"num_ranks": 2}}))
