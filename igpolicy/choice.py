@@ -5,9 +5,10 @@ about what they receive). With p ranks, n dense elements of ``value_bytes`` and 
 pairs of ``index_bytes + value_bytes``:
 
 - sparse all-gatherv: Σ_{j≠i} k_j · (index_bytes + value_bytes)   (padded: (p-1) · k_max · s)
-- dense ring all-reduce: 2 (p-1)/p · n · value_bytes
+- dense ring all-reduce: 2 (p-1)/p · n · dense_value_bytes (``igpolicy.wire.dense_value_bytes``:
+  ``value_bytes``, except that 8-bit configurations all-reduce in bf16)
 
-So with equal k the sparse path wins while density <= 2·value_bytes / (p·(index_bytes+value_bytes)):
+So with equal k the sparse path wins while density <= 2·dense_value_bytes / (p·(index_bytes+value_bytes)):
 1/p with int32 indices and fp32 values. :func:`crossover_density` gives that density from the same
 two cost functions :func:`choose_collective` compares, so a table that explains the choice quotes
 the rule that made it.
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from igpolicy.vocab import CollectiveKind
+from igpolicy.wire import dense_value_bytes
 
 __all__ = ["choose_collective", "crossover_density", "dense_allreduce_bytes", "sparse_gather_bytes"]
 
@@ -45,7 +47,7 @@ def dense_allreduce_bytes(numel: int, *, world_size: int, value_bytes: int = 4) 
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if world_size == 1:
         return 0
-    return round(2 * (world_size - 1) / world_size * numel * value_bytes)
+    return round(2 * (world_size - 1) / world_size * numel * dense_value_bytes(value_bytes))
 
 
 def choose_collective(
@@ -84,7 +86,7 @@ def crossover_density(*, world_size: int, index_bytes: int = 4, value_bytes: int
     :func:`choose_collective` in ``auto`` mode picks the sparse gather; above it, the dense all-reduce.
 
     It is the ratio of the two costs the choice compares, on a bucket of ``world_size`` elements
-    with every element sent (both costs are exact integers there): 2·value_bytes /
+    with every element sent (both costs are exact integers there): 2·dense_value_bytes /
     (p·(index_bytes + value_bytes)). With one rank nothing travels and the sparse path always
     "wins" (infinity).
 

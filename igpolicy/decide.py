@@ -17,7 +17,7 @@ from igpolicy.packing import pack
 from igpolicy.plan import SyncPlan, compare_plans
 from igpolicy.schedule import AlwaysSchedule, ImportanceSchedule, PeriodicSchedule, assign_phases
 from igpolicy.vocab import CollectiveKind, PackingPlan, ParamInfo, PayloadBlock, ReleaseDecision
-from igpolicy.wire import nominal_k, pairs_of
+from igpolicy.wire import dense_value_bytes, nominal_k, pairs_of
 
 __all__ = [
     "BucketDecision",
@@ -64,7 +64,7 @@ def payload_blocks(params: Sequence[ParamInfo], config: PolicyConfig) -> list[Pa
         if config.sparse:
             size = pairs_of(p, config) * (config.index_bytes + config.value_bytes)
         else:
-            size = p.numel * config.value_bytes
+            size = p.numel * dense_value_bytes(config.value_bytes)
         blocks.append(PayloadBlock(name=p.name, component=p.component, size_bytes=size, order=p.order))
     return blocks
 

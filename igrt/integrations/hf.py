@@ -47,6 +47,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from igpolicy.vocab import StepMetrics
+from igpolicy.wire import dense_value_bytes
 from igrt.integrations import SECTION, SyncOptions, sync_options
 from igrt.integrations.ddp_hook import ImportanceHookState, importance_hook
 from igrt.sync.checkpoint import load_sync_state, save_sync_state
@@ -169,9 +170,10 @@ class ImportanceGradientCallback(TrainerCallback):
         if not rows:
             return {}
         vb = max(int(sync.config.value_bytes), 1)
+        dvb = dense_value_bytes(vb)
         numel = max(sum(p.numel() for p in sync.params.values()), 1)
         n = len(rows)
-        sent = [(r.values_bytes + r.dense_bytes) / vb for r in rows]
+        sent = [r.values_bytes / vb + r.dense_bytes / dvb for r in rows]
         return {
             "ig_wire_bytes": sum(r.wire_bytes for r in rows) / n,
             "ig_density": sum(sent) / n / numel,

@@ -21,8 +21,9 @@ optimizer skips it: no stale momentum, no weight decay. With ``config.catch_up``
 update of a parameter is scaled by the steps its gradient carries (:mod:`igrt.sync.catch_up`; call
 :meth:`Synchronizer.attach_optimizer` once).
 
-Values travel in fp32 (``value_bytes=4``) or bf16 (``value_bytes=2``; the rounding error stays in the
-residual). At start-up every rank all-gathers a fingerprint of plan, config, parameters and sparsifier
+Values travel in fp32 (``value_bytes=4``), bf16 (``value_bytes=2``) or int8 with one fp32 scale per
+payload (``value_bytes=1``; dense ops then travel in bf16); the rounding error stays in the residual
+(:mod:`igpolicy.wire`). At start-up every rank all-gathers a fingerprint of plan, config, parameters and sparsifier
 and raises ValueError on every rank when they differ.
 
 With online profiling (``PolicyConfig.replan_every > 0``, :mod:`igrt.sync.online`) ``step()`` also

@@ -98,7 +98,7 @@ def format_plan_table(plan: SyncPlan, scores: Any) -> str:
 COLLECTIVE_HELP = (
     "per bucket: sparse = an all-gather of (index, value) pairs, dense = a ring all-reduce of the "
     "whole bucket, auto (default) = the one that moves fewer bytes on the bucket's nominal sizes: "
-    "sparse while its density is at most 2 x value bytes / (ranks x (index + value bytes)), 1/ranks "
+    "sparse while its density is at most 2 x dense value bytes / (ranks x (index + value bytes)), 1/ranks "
     "with 4-byte indices and values; the table's collective column says what each policy used"
 )
 
@@ -134,7 +134,12 @@ def add_policy_arguments(p: argparse.ArgumentParser, *, policy: bool = True) -> 
     )
     p.add_argument("--collective", default="auto", choices=("auto", "sparse", "dense"), help=COLLECTIVE_HELP)
     p.add_argument(
-        "--value-bytes", type=int, default=4, choices=(2, 4), help="bytes per gradient value on the wire (default 4)"
+        "--value-bytes", type=int, default=4, choices=(1, 2, 4),
+        help="bytes per gradient value on the wire: 4 fp32, 2 bf16, 1 int8 with a scale (default 4)",
+    )
+    p.add_argument(
+        "--index-bytes", type=int, default=4, choices=(2, 4, 8),
+        help="bytes per sparse index: 8 int64, 4 int32, 2 bucket-local uint16 (default 4)",
     )
 
 
@@ -161,6 +166,7 @@ def make_config(
         bucket_cap_bytes=max(1, parse_size(args.bucket_cap, flag="--bucket-cap")),
         collective=args.collective,
         value_bytes=args.value_bytes,
+        index_bytes=getattr(args, "index_bytes", 4),
         seed=getattr(args, "seed", 0),
     )
 
