@@ -367,7 +367,8 @@ def plot_quality_vs_bytes(
     ``curves``: dicts with ``label``, ``bytes`` (cumulative bytes per rank at each evaluation) and
     ``values`` (the metric there); an optional ``flush_bytes`` draws the last point's flush as a
     dotted step to ``bytes[-1] + flush_bytes`` at ``flush_value`` (the metric after the flush).
-    ``floor`` (e.g. the majority-class accuracy) is a grey dashed line. Log x axis.
+    ``floor`` (e.g. the majority-class accuracy) is a grey dashed line. Log x axis: points at 0 bytes
+    (the evaluation before training) are left out.
     """
     fig, axes = _figure(1, 1, width=7.0, height=4.4, title=title)
     ax = axes[0][0]
@@ -378,10 +379,11 @@ def plot_quality_vs_bytes(
     tops = np.asarray([max(max(c["bytes"]), 1.0) + float(c.get("flush_bytes") or 0.0) for c in usable])
     scale, unit = _byte_unit(tops)
     for i, c in enumerate(usable):
-        x = np.maximum(_arr(c["bytes"]), 1.0) / scale
+        x, y = _arr(c["bytes"]) / scale, _arr(c["values"])
+        keep = x > 0  # a log axis: the evaluation before any byte (step 0) is not drawn
         look = _look(i)
-        ax.plot(x, _arr(c["values"]), label=c["label"], **look)
-        if c.get("flush_bytes") and c.get("flush_value") is not None:
+        ax.plot(x[keep], y[keep], label=c["label"], **look)
+        if c.get("flush_bytes") and c.get("flush_value") is not None and keep.any():
             fx = (float(c["bytes"][-1]) + float(c["flush_bytes"])) / scale
             ax.plot([x[-1], fx], [float(c["values"][-1]), float(c["flush_value"])], color=look["color"],
                     linestyle=":", linewidth=1.0, marker="x", markersize=4)  # fmt: skip
