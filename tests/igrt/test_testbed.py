@@ -92,7 +92,7 @@ def test_ring_links_each_pair_directly_and_tears_down():
             == set(spec.namespaces())
             == {spec.rank_ns(r) for r in range(3)}
         )  # no switch namespace
-        qdiscs = testbed_qdiscs(spec, 0)
+        qdiscs = _qdiscs(spec, 0)
         assert qdiscs.count("tbf") == 2 and "lat 10ms" in qdiscs  # both of rank 0's links shaped
         # each neighbour over its own direct link at the shaped rate
         for dst in (1, 2):
@@ -100,7 +100,7 @@ def test_ring_links_each_pair_directly_and_tears_down():
     assert testbed.leftovers(spec.run_id) == []
 
 
-def testbed_qdiscs(spec: testbed.TestbedSpec, rank: int) -> str:
+def _qdiscs(spec: testbed.TestbedSpec, rank: int) -> str:
     proc = subprocess.run(
         [*testbed.exec_args(spec, rank), "tc", "qdisc", "show"], capture_output=True, text=True
     )
