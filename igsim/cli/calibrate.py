@@ -20,7 +20,7 @@ import time
 
 from igpolicy.cli_outputs import check_output_file
 from igpolicy.cli_util import reading
-from igsim.cli.validate_report import add_model_arguments
+from igsim.cli.options import add_model_arguments
 from igsim.studies import validation as v
 
 __all__ = ["add_arguments", "run"]

@@ -18,6 +18,7 @@ from igpolicy.units import format_bytes, parse_bandwidth, parse_size, parse_time
 from igsim.step.workload import Workload
 
 __all__ = [
+    "add_model_arguments",
     "add_policy_arguments",
     "check_output_files",
     "check_sim_steps",
@@ -264,3 +265,20 @@ def plan_for(workload: Workload, plan: SyncPlan | None, *, policy: str) -> tuple
     if moved.source.get("unmatched"):
         note += f"; pinned without a counterpart: {', '.join(moved.source['unmatched'][:8])}"
     return moved, note
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The testbed fit's model switches (``igsim validate-report`` and ``igsim calibrate``)."""
+    from igsim.studies.validation import STATISTICS
+
+    p.add_argument(
+        "--statistic",
+        choices=STATISTICS,
+        default="median",
+        help="which time of a case's reps the fit matches and the errors compare against (default median)",
+    )
+    p.add_argument(
+        "--one-factor",
+        action="store_true",
+        help="one duplex bandwidth factor for every ring op (the model before the all-gather got its own)",
+    )

@@ -23,10 +23,11 @@ from typing import Any
 
 from igpolicy.cli_outputs import check_output_file
 from igpolicy.cli_util import reading
+from igsim.cli.options import add_model_arguments
 from igsim.net.calibration import Calibration
 from igsim.studies import validation as v
 
-__all__ = ["add_arguments", "add_model_arguments", "format_report", "main", "measurement_flags", "run"]
+__all__ = ["add_arguments", "format_report", "main", "measurement_flags", "run"]
 
 
 def measurement_flags(raw: Mapping[str, Any]) -> list[str]:
@@ -43,21 +44,6 @@ def measurement_flags(raw: Mapping[str, Any]) -> list[str]:
         "machine": {"cpu_count": machine.get("cpu_count"), "load_average": load},
     }
     return range_flags(summary)
-
-
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """The fit's model switches (``igsim validate-report`` and ``igsim calibrate``)."""
-    p.add_argument(
-        "--statistic",
-        choices=v.STATISTICS,
-        default="median",
-        help="which time of a case's reps the fit matches and the errors compare against (default median)",
-    )
-    p.add_argument(
-        "--one-factor",
-        action="store_true",
-        help="one duplex bandwidth factor for every ring op (the model before the all-gather got its own)",
-    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -478,7 +478,7 @@ def build_report(
     over the cases of ``roles`` (the validation cases; both roles when the fit came from another
     run) per family (op; all sizes in ``families``, those >= 256 KiB in ``families_large``), for the
     dense target group (``dense_large``) and for every collective >= 256 KiB, sparse gathers
-    included (``collectives_large``, the target of issue 14): MAPE, worst case, Kendall tau of the
+    included (``collectives_large``, the target): MAPE, worst case, Kendall tau of the
     cases ranked by time. JSON-ready."""
     _check_statistic(statistic)
     predictor = predictor or (lambda c: predict_case(c, topology, fit_, burst_s=burst_s))
