@@ -81,6 +81,8 @@ class PolicyConfig:
     - ``index_bytes`` / ``value_bytes``: wire widths (int32 indices, fp32 values by default);
       ``index_bytes=2``: bucket-local 16-bit offsets, ``value_bytes=1``: int8 values with a scale
       (dense all-reduces then travel in bf16); see :mod:`igpolicy.wire`.
+    - ``row_sparse_embeddings``: a 2-D token embedding sends whole rows, ``ceil(k / dim)`` of them,
+      as (row id, row) (:func:`igpolicy.wire.rows_layout`) instead of per-entry pairs (False: off).
     - ``skip_unsent``: parameters that sent nothing get ``grad = None`` (True) or a zero grad.
     - ``catch_up``: after the optimizer step, scale each parameter's update by the number of steps
       whose gradient it carries (1 for a parameter that sent on the previous step too; R for a low
@@ -118,6 +120,7 @@ class PolicyConfig:
     collective: str = "auto"
     index_bytes: int = 4
     value_bytes: int = 4
+    row_sparse_embeddings: bool = False
     skip_unsent: bool = True
     catch_up: bool = False
     nonfinite: str = "skip"
@@ -200,7 +203,7 @@ class PolicyConfig:
                 raise bad(key, getattr(self, key), "must be an integer")
         if self.num_buckets is not None and not is_int(self.num_buckets):
             raise bad("num_buckets", self.num_buckets, "must be an integer or null")
-        for key in ("staggered", "skip_unsent", "catch_up"):
+        for key in ("staggered", "skip_unsent", "catch_up", "row_sparse_embeddings"):
             if not isinstance(getattr(self, key), bool):
                 raise bad(key, getattr(self, key), "must be true or false")
         fresh = self.fresh_patterns

@@ -34,7 +34,16 @@ from igpolicy.choice import choose_collective
 from igpolicy.config import PolicyConfig
 from igpolicy.decide import StepDecision
 from igpolicy.vocab import CollectiveKind, ParamInfo
-from igpolicy.wire import BOUNDED_SPARSIFIERS, COUNT_BYTES, config_k, dense_value_bytes, pairs_layout
+from igpolicy.wire import (
+    BOUNDED_SPARSIFIERS,
+    COUNT_BYTES,
+    ROW_ID_BYTES,
+    config_k,
+    dense_value_bytes,
+    pairs_layout,
+    row_dim,
+    rows_layout,
+)
 
 __all__ = [
     "DDP_FIRST_BUCKET_CAP_BYTES",
@@ -50,6 +59,7 @@ __all__ = [
     "ddp_buckets",
     "flush_plan",
     "op_bytes",
+    "sparse_size_bytes",
 ]
 
 INTEGRATIONS = ("sync", "ddp-hook", "deepspeed")
@@ -96,6 +106,17 @@ class CollectiveOp:
     gate: Gate = Gate.BACKWARD_END
     gate_params: tuple[str, ...] = ()
     value_bytes: int | None = None  # None: the config's (the flush sends fp32 whatever the config)
+    param_row_dim: tuple[int, ...] = ()  # > 0: that parameter travels as whole rows of this width
+
+    @property
+    def row_entries(self) -> int:
+        """Entries of the op's row-sparse parameters (always exactly their k: no count needed)."""
+        return sum(int(k) for k, d in zip(self.param_k, self.param_row_dim) if d > 0)
+
+    @property
+    def has_pairs(self) -> bool:
+        """Whether the payload has a pairs section (some parameter is not row-sparse)."""
+        return not self.param_row_dim or any(d == 0 for d in self.param_row_dim)
 
     @property
     def bucket(self) -> int:
@@ -154,8 +175,34 @@ def op_bytes(op: CollectiveOp, *, k: int, capacity: int, config: PolicyConfig) -
         size = op.numel * dense_value_bytes(vb)
         return OpBytes(dense_bytes=size, wire_size_bytes=size)
     assert 0 <= k <= capacity, f"op {op.seq}: {k} pairs exceed the capacity {capacity}"
+    rows = op.row_entries
+    if rows:  # row sections first (module doc of igpolicy.wire), then the pairs of the rest
+        assert k >= rows and capacity >= rows, (
+            f"op {op.seq}: k {k} / capacity {capacity} below its row entries"
+        )
+        r = _rows_bytes(op, vb)
+        if not op.has_pairs:
+            return r
+        p = _pairs_bytes(op, k - rows, capacity - rows, ib, vb, issued_empty=True)
+        return OpBytes(**{f: getattr(r, f) + getattr(p, f) for f in _SUMMED})
+    return _pairs_bytes(op, k, capacity, ib, vb)
+
+
+_SUMMED = (
+    "values_bytes",
+    "indices_bytes",
+    "dense_bytes",
+    "metadata_bytes",
+    "padding_bytes",
+    "wire_size_bytes",
+)
+
+
+def _pairs_bytes(
+    op: CollectiveOp, k: int, capacity: int, ib: int, vb: int, *, issued_empty: bool = False
+) -> OpBytes:
     meta = COUNT_BYTES if op.padded_to_nominal else 0
-    if capacity == 0:
+    if capacity == 0 and not issued_empty:
         return OpBytes(metadata_bytes=meta, issued=False)
     lay = pairs_layout(capacity, index_bytes=ib, value_bytes=vb, numel=op.numel)
     return OpBytes(
@@ -165,6 +212,31 @@ def op_bytes(op: CollectiveOp, *, k: int, capacity: int, config: PolicyConfig) -
         padding_bytes=(capacity - k) * (ib + vb),
         wire_size_bytes=lay.size_bytes,
     )
+
+
+def _rows_bytes(op: CollectiveOp, vb: int) -> OpBytes:
+    """The rows sections of ``op`` (each exactly its nominal rows; header counted as metadata)."""
+    values = ids = meta = size = 0
+    for k, d in zip(op.param_k, op.param_row_dim):
+        if d > 0:
+            rows = int(k) // d
+            lay = rows_layout(rows, dim=d, value_bytes=vb)
+            values += rows * d * vb
+            ids += rows * ROW_ID_BYTES
+            meta += COUNT_BYTES + lay.extra_metadata_bytes
+            size += lay.size_bytes
+    return OpBytes(values_bytes=values, indices_bytes=ids, metadata_bytes=meta, wire_size_bytes=size)
+
+
+def sparse_size_bytes(op: CollectiveOp, capacity: int, *, index_bytes: int, value_bytes: int) -> int:
+    """Encoded bytes per rank of sparse gather ``op`` at ``capacity`` entries (rows included)."""
+    rows = op.row_entries
+    size = _rows_bytes(op, value_bytes).wire_size_bytes if rows else 0
+    if op.has_pairs:
+        size += pairs_layout(
+            capacity - rows, index_bytes=index_bytes, value_bytes=value_bytes, numel=op.numel
+        ).size_bytes
+    return size
 
 
 class WireTally:
@@ -221,7 +293,7 @@ def _payload_op(
         )
     dense = kind == CollectiveKind.DENSE_ALLREDUCE
     ib, vb = config.index_bytes, config.value_bytes
-    return CollectiveOp(
+    op = CollectiveOp(
         seq=seq,
         kind=OpKind.DENSE_ALLREDUCE if dense else OpKind.SPARSE_GATHER,
         buckets=(bucket,),
@@ -236,7 +308,11 @@ def _payload_op(
         else pairs_layout(nnz, index_bytes=ib, value_bytes=vb, numel=numel).size_bytes,
         gate=gate,
         gate_params=gate_params,
+        param_row_dim=tuple(0 if dense else row_dim(infos[n], config) for n in names),
     )
+    if dense or not any(op.param_row_dim):
+        return op
+    return replace(op, size_bytes=sparse_size_bytes(op, nnz, index_bytes=ib, value_bytes=vb))
 
 
 def _count_exchange(seq: int, buckets: Sequence[int], gate: Gate, gate_params=()) -> CollectiveOp:

@@ -34,6 +34,23 @@ A dense payload is the bucket's ``numel`` values, zero-filled where nothing was 
 travels at :func:`dense_value_bytes` per value: int8 values with per-rank scales cannot be summed
 by an all-reduce, so the dense ops of a ``value_bytes=1`` configuration travel in bf16 (2 B).
 
+*Row-sparse embeddings* (``PolicyConfig.row_sparse_embeddings``): a parameter of
+:func:`row_dim` ``dim > 0`` (a 2-D token embedding, ComponentId kind ``embedding``, that a sparse
+config would sparsify) sends whole rows instead of pairs. Its nominal k becomes
+``rows · dim`` with ``rows = min(ceil(k / dim), vocab)`` (:func:`config_k`); every step it sends
+exactly ``rows`` rows — those of largest accumulated-gradient norm ``‖g + e‖`` (ties: lower row id),
+ids ascending — and error feedback keeps every entry not sent, so nothing is dropped. Each such
+parameter adds one *rows section* to its op's payload, in wire order, before the pairs section of
+the op's other parameters (present only when the op has any)::
+
+    [ int64 rows | scale | rows × int32 row id | rows × dim value (value_bytes) | pad to 8 ]
+
+The scale (8-bit values only) is the payload's one scale, repeated in each section. The rows count
+is a function of the config alone, so a rows section needs no count exchange and its size is
+:func:`encoded_rows_bytes` (rows, dim, value width): the simulator computes it from the recorded
+per-step k (= rows · dim). Accounting: ``rows · dim · value_bytes`` value bytes,
+``rows · ROW_ID_BYTES`` index bytes, ``COUNT_BYTES`` + scale metadata, no padding but alignment.
+
 Payload accounting (what :class:`igpolicy.vocab.StepMetrics` counts, per rank): ``k · value_bytes``
 value bytes, ``k · index_bytes`` index bytes, ``numel · dense_value_bytes`` dense bytes, and
 metadata bytes: ``COUNT_BYTES`` per sparse bucket (in the count exchange, or as the header where
@@ -56,18 +73,23 @@ __all__ = [
     "COUNT_BYTES",
     "HEADER_BYTES",
     "INDEX_WIDTHS",
+    "ROW_ID_BYTES",
     "SCALE_BYTES",
     "TABLE_ENTRY_BYTES",
     "VALUE_WIDTHS",
     "PairsLayout",
+    "RowsLayout",
     "config_k",
     "dense_value_bytes",
     "encoded_pairs_bytes",
+    "encoded_rows_bytes",
     "nominal_k",
     "num_blocks",
     "pairs_layout",
     "pairs_of",
     "param_k",
+    "row_dim",
+    "rows_layout",
 ]
 
 HEADER_BYTES = 8  # int64 pair count at the head of every encoded sparse payload
@@ -79,6 +101,7 @@ VALUE_WIDTHS = (1, 2, 4)  # bytes per value: int8 with a scale, bf16, fp32
 BLOCK_ENTRIES = 2**16  # flat positions per block of bucket-local 16-bit indices
 TABLE_ENTRY_BYTES = 4  # one uint32 pair count per block
 SCALE_BYTES = 4  # one fp32 scale per payload of 8-bit values
+ROW_ID_BYTES = 4  # int32 row id of a row-sparse embedding row
 
 
 def num_blocks(numel: int) -> int:
@@ -116,12 +139,32 @@ def param_k(param: ParamInfo, *, sparse: bool, density_for, dense_small_numel: i
     return nominal_k(param.numel, density_for(ComponentId.from_key(param.component).kind.value))
 
 
-def config_k(param: ParamInfo, config) -> int | None:
-    """:func:`param_k` under a :class:`igpolicy.config.PolicyConfig` (the one call every planner makes)."""
+def _base_k(param: ParamInfo, config) -> int | None:
     return param_k(
         param, sparse=config.sparse, density_for=config.density_for,
         dense_small_numel=config.dense_small_numel,
     )  # fmt: skip
+
+
+def row_dim(param: ParamInfo, config) -> int:
+    """Row width of ``param`` when it travels as whole rows under ``config``, else 0: a 2-D
+    parameter of ComponentId kind ``embedding`` (the token embedding) that the config sparsifies,
+    with ``row_sparse_embeddings`` on."""
+    if not getattr(config, "row_sparse_embeddings", False) or len(param.shape) != 2:
+        return 0
+    if ComponentId.from_key(param.component).kind.value != "embedding" or _base_k(param, config) is None:
+        return 0
+    return int(param.shape[1])
+
+
+def config_k(param: ParamInfo, config) -> int | None:
+    """:func:`param_k` under a :class:`igpolicy.config.PolicyConfig` (the one call every planner
+    makes); a row-sparse parameter (:func:`row_dim`) sends ``min(ceil(k / dim), vocab) · dim``."""
+    k = _base_k(param, config)
+    dim = row_dim(param, config)
+    if k is None or dim == 0:
+        return k
+    return min(-(-k // dim), int(param.shape[0])) * dim
 
 
 def pairs_of(param: ParamInfo, config) -> int:
@@ -199,3 +242,44 @@ def encoded_pairs_bytes(
     32
     """
     return pairs_layout(capacity, index_bytes=index_bytes, value_bytes=value_bytes, numel=numel).size_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowsLayout:
+    """Byte offsets of one rank's rows section of ``rows`` rows of ``dim`` values (module doc)."""
+
+    rows: int
+    dim: int
+    scale_offset: int | None
+    id_offset: int
+    value_offset: int
+    size_bytes: int
+    extra_metadata_bytes: int  # the scale (the rows header apart)
+
+
+def rows_layout(rows: int, *, dim: int, value_bytes: int) -> RowsLayout:
+    """Where the header, scale, row ids and values of a rows section lie; raises ValueError for a
+    negative count, a non-positive ``dim`` or an unknown value width."""
+    if rows < 0 or dim <= 0:
+        raise ValueError(f"rows_layout: rows={rows} must be >= 0 and dim={dim} > 0")
+    _check_widths(4, value_bytes)
+    scale = SCALE_BYTES if value_bytes == 1 else 0
+    id_offset = HEADER_BYTES + scale
+    value_offset = id_offset + rows * ROW_ID_BYTES
+    raw = value_offset + rows * dim * value_bytes
+    return RowsLayout(
+        rows=rows, dim=dim, scale_offset=HEADER_BYTES if scale else None, id_offset=id_offset,
+        value_offset=value_offset, size_bytes=-(-raw // ALIGN_BYTES) * ALIGN_BYTES,
+        extra_metadata_bytes=scale,
+    )  # fmt: skip
+
+
+def encoded_rows_bytes(rows: int, *, dim: int, value_bytes: int) -> int:
+    """Bytes per rank of one rows section.
+
+    >>> encoded_rows_bytes(2, dim=3, value_bytes=4)  # 8 + 2·4 + 6·4 = 40
+    40
+    >>> encoded_rows_bytes(2, dim=3, value_bytes=1)  # 8 + 4 + 2·4 + 6 = 26 -> 32
+    32
+    """
+    return rows_layout(rows, dim=dim, value_bytes=value_bytes).size_bytes

@@ -90,6 +90,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(dense all-reduces then in bf16); the rounding error stays in the residual",
     )
     p.add_argument(
+        "--row-sparse-embeddings",
+        action="store_true",
+        default=None,
+        help="a 2-D token embedding sends ceil(k / dim) whole rows as (int32 row id, row) instead of "
+        "(index, value) pairs; error feedback keeps the rest (docs/runtime.md, wire format)",
+    )
+    p.add_argument(
         "--record-trace",
         action="store_true",
         help="also record this run's own trace (phase times, ready times, sent k) and executed ops "
@@ -218,6 +225,7 @@ def policy_config(args: argparse.Namespace) -> PolicyConfig:
         ("sparsifier", args.sparsifier),
         ("index_bytes", args.index_bytes),
         ("value_bytes", args.value_bytes),
+        ("row_sparse_embeddings", args.row_sparse_embeddings),
     ):
         if value is not None:
             data[key] = value

@@ -31,20 +31,28 @@ import torch
 import torch.distributed as dist
 
 from igpolicy.config import PolicyConfig
-from igpolicy.wire import BLOCK_ENTRIES, HEADER_BYTES, pairs_layout
+from igpolicy.wire import BLOCK_ENTRIES, HEADER_BYTES, pairs_layout, rows_layout
 
 __all__ = [
     "CommCounter",
     "GatherResult",
+    "PayloadGather",
+    "RowSelector",
+    "RowsPart",
     "aggregate_pairs",
     "check_agreement",
     "decode_pairs",
+    "decode_rows",
     "dense_all_reduce",
     "dequantize_int8",
     "encode_pairs",
+    "encode_rows",
     "exchange_counts",
     "gather_pairs",
+    "gather_payload",
     "quantize_int8",
+    "rows_to_pairs",
+    "select_rows",
     "sparse_all_gather",
     "wire_dtypes",
     "world_size",
@@ -250,6 +258,157 @@ def decode_pairs(
             vals = dequantize_int8(vals, _get(buf, lay.scale_offset, 1, torch.float32)[0])
         out.append((idx, vals))
     return out
+
+
+def select_rows(u: torch.Tensor, rows: int, *, dim: int) -> torch.Tensor:
+    """int64 ids, ascending, of the ``rows`` rows of ``u`` (viewed as ``[-1, dim]``) with the largest
+    squared norm (ties: the lower id first); deterministic, so every rank's rule is the same."""
+    norms = u.detach().reshape(-1, dim).to(torch.float32).square().sum(dim=1)
+    order = torch.argsort(norms, descending=True, stable=True)[:rows]
+    return torch.sort(order).values
+
+
+class RowSelector:
+    """A sparsifier-shaped selection of whole rows: ``select(u, k)`` gives the flat indices of
+    ``k // dim`` rows by :func:`select_rows` (the residual code treats them as any selection)."""
+
+    def __init__(self, dim: int) -> None:
+        self.dim = int(dim)
+
+    def select(self, u: torch.Tensor, k: int, *, step: int = 0, key: str = "") -> torch.Tensor:
+        ids = select_rows(u, int(k) // self.dim, dim=self.dim)
+        return (ids.reshape(-1, 1) * self.dim + torch.arange(self.dim, device=ids.device)).reshape(-1)
+
+
+def encode_rows(
+    row_ids: torch.Tensor, values: torch.Tensor, *, dim: int, scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """One rank's rows section (:func:`igpolicy.wire.rows_layout`): ``row_ids`` (any int dtype,
+    sent as int32) and their ``rows · dim`` values, row after row; int8 values need their scale."""
+    rows = row_ids.numel()
+    if values.numel() != rows * dim:
+        raise ValueError(f"encode_rows: {rows} rows of {dim} need {rows * dim} values, got {values.numel()}")
+    vb = values.element_size()
+    if (vb == 1) != (scale is not None):
+        raise ValueError("encode_rows: int8 values need a scale, and only they take one")
+    lay = rows_layout(rows, dim=dim, value_bytes=vb)
+    buf = torch.zeros(lay.size_bytes, dtype=torch.uint8, device=values.device)
+    buf[:HEADER_BYTES].view(torch.int64).fill_(rows)
+    if scale is not None:
+        _put(buf, lay.scale_offset, scale.reshape(1).to(torch.float32))
+    if rows:
+        _put(buf, lay.id_offset, row_ids.to(torch.int32))
+        _put(buf, lay.value_offset, values)
+    return buf
+
+
+def decode_rows(
+    buf: torch.Tensor, *, rows: int, dim: int, value_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`encode_rows` for one rank's section: (int64 row ids, values; int8 as fp32)."""
+    vb = torch.empty(0, dtype=value_dtype).element_size()
+    lay = rows_layout(rows, dim=dim, value_bytes=vb)
+    assert buf.numel() == lay.size_bytes, "decode_rows: section length does not match"
+    got = int(buf[:HEADER_BYTES].view(torch.int64).item())
+    assert got == rows, f"decode_rows: the section holds {got} rows, expected {rows}"
+    ids = _get(buf, lay.id_offset, rows, torch.int32).to(torch.int64)
+    vals = _get(buf, lay.value_offset, rows * dim, value_dtype)
+    if vb == 1:
+        vals = dequantize_int8(vals, _get(buf, lay.scale_offset, 1, torch.float32)[0])
+    return ids, vals
+
+
+def rows_to_pairs(
+    ids: torch.Tensor, vals: torch.Tensor, *, dim: int, offset: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A rows section's entries as (int64 bucket positions, values): row r of a parameter at
+    bucket offset ``offset`` covers ``offset + r · dim + [0, dim)``."""
+    pos = (offset + ids.reshape(-1, 1) * dim + torch.arange(dim, device=ids.device)).reshape(-1)
+    return pos, vals.reshape(-1)
+
+
+@dataclass(frozen=True)
+class RowsPart:
+    """One row-sparse parameter of a payload: its row ids, their values, width and bucket offset."""
+
+    row_ids: torch.Tensor
+    values: torch.Tensor
+    dim: int
+    offset: int
+
+
+@dataclass
+class PayloadGather:
+    """An in-flight gather of payloads with rows sections (then, if any, a pairs section);
+    :meth:`wait` / :meth:`decode` give ``[(int64 positions, values)]`` per rank, like
+    :class:`GatherResult`."""
+
+    flat: torch.Tensor
+    work: object | None
+    num_ranks: int
+    rows: list[tuple[int, int, int]]  # (rows, dim, offset) per rows section
+    value_dtype: torch.dtype
+    pairs: dict | None  # decode_pairs keywords of the pairs section (None: no pairs section)
+
+    def wait(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+        return self.decode()
+
+    def decode(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        vb = torch.empty(0, dtype=self.value_dtype).element_size()
+        sizes = [rows_layout(r, dim=d, value_bytes=vb).size_bytes for r, d, _ in self.rows]
+        chunk = self.flat.numel() // self.num_ranks
+        out = []
+        for rank in range(self.num_ranks):
+            buf = self.flat[rank * chunk : (rank + 1) * chunk]
+            at, idx, vals = 0, [], []
+            for (r, d, off), size in zip(self.rows, sizes):
+                ids, v = decode_rows(buf[at : at + size], rows=r, dim=d, value_dtype=self.value_dtype)
+                pos, v = rows_to_pairs(ids, v, dim=d, offset=off)
+                idx.append(pos)
+                vals.append(v.to(torch.float32))
+                at += size
+            if self.pairs is not None:
+                ((pi, pv),) = decode_pairs(buf[at:], num_ranks=1, **self.pairs)
+                idx.append(pi.to(torch.int64))
+                vals.append(pv.to(torch.float32))
+            out.append((torch.cat(idx), torch.cat(vals)))
+        return out
+
+
+def gather_payload(
+    rows: Sequence[RowsPart],
+    indices: torch.Tensor | None,
+    values: torch.Tensor | None,
+    *,
+    capacity: int,
+    group=None,
+    async_op: bool = False,
+    index_bytes: int | None = None,
+    numel: int | None = None,
+    scale: torch.Tensor | None = None,
+) -> PayloadGather:
+    """All-gather one payload of rows sections followed by a pairs section of ``capacity`` pairs
+    (``indices`` None: the op has no pairs section); one collective. Every rank's sections have the
+    same sizes (the rows counts are the config's, the capacity is agreed)."""
+    parts = [encode_rows(r.row_ids, r.values, dim=r.dim, scale=scale) for r in rows]
+    pairs = None
+    vdt = (rows[0].values if rows else values).dtype
+    if indices is not None:
+        parts.append(
+            encode_pairs(
+                indices, values, capacity=capacity, index_bytes=index_bytes, numel=numel, scale=scale
+            )
+        )
+        pairs = dict(capacity=capacity, index_dtype=indices.dtype, value_dtype=values.dtype,
+                     index_bytes=index_bytes, numel=numel)  # fmt: skip
+    buf = torch.cat(parts)
+    flat, work = _all_gather_flat(buf, group, async_op=async_op)
+    return PayloadGather(
+        flat, work, world_size(group), [(r.row_ids.numel(), r.dim, r.offset) for r in rows], vdt, pairs
+    )
 
 
 # --------------------------------------------------------------------------- collectives

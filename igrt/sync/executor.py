@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -159,6 +159,7 @@ class _Payload:
     values: torch.Tensor | None = None
     flat: torch.Tensor | None = None  # dense payload
     scale: torch.Tensor | None = None  # fp32 scale of int8 values (value_bytes=1)
+    rows: list[comm.RowsPart] = field(default_factory=list)  # row-sparse parameters' rows sections
 
 
 class Executor:
@@ -215,6 +216,18 @@ class Executor:
             for name, n in zip(op.param_names, op.param_numel):
                 run.sent_k[name] = n
             return _Payload(op=op, k=0, flat=torch.full((op.numel,), float("nan"), dtype=self.dense_dtype, device=s.device))
+        if op.row_entries:  # NaN rows 0..R-1 of each row-sparse parameter, no pairs
+            rows, off = [], 0
+            for name, n, k, d in zip(op.param_names, op.param_numel, op.param_k, op.param_row_dim):
+                if d:
+                    run.sent_k[name] = int(k)
+                    ids = torch.arange(int(k) // d, dtype=torch.int64, device=s.device)
+                    nan = torch.full((int(k),), float("nan"), dtype=self.value_dtype, device=s.device)
+                    rows.append(comm.RowsPart(ids, nan, d, off))
+                off += n
+            empty = torch.empty(0, dtype=s.index_dtype, device=s.device)
+            return _Payload(op=op, k=op.row_entries, indices=empty, rows=rows,
+                            values=torch.empty(0, dtype=self.value_dtype, device=s.device))  # fmt: skip
         if op.numel == 0:  # nothing to carry a NaN in (only empty parameters): an empty payload
             empty = torch.empty(0, dtype=s.index_dtype, device=s.device)
             return _Payload(op=op, k=0, indices=empty, values=torch.empty(0, dtype=self.value_dtype, device=s.device))
@@ -255,7 +268,12 @@ class Executor:
         if poison:
             pl = self.poison(op, grads, run)
             if self.quantize and pl.flat is None:
-                pl.values, pl.scale = comm.quantize_int8(pl.values)  # NaN stays NaN (in the scale)
+                if pl.rows:
+                    _, pl.scale = comm.quantize_int8(torch.cat([r.values for r in pl.rows]))
+                    pl.rows = [replace(r, values=comm.quantize_int8(r.values)[0]) for r in pl.rows]
+                    pl.values = pl.values.to(torch.int8)
+                else:
+                    pl.values, pl.scale = comm.quantize_int8(pl.values)  # NaN stays NaN (in the scale)
             return pl
         s = self.sync
         dense = op.kind == OpKind.DENSE_ALLREDUCE
@@ -268,17 +286,20 @@ class Executor:
         flat = torch.zeros(op.numel, dtype=self.dense_dtype, device=s.device) if dense else None
         idx_parts, val_parts, off = [], [], 0
         pending = []  # quantize: (name, u, idx) whose residual waits for the payload's scale
-        for name, n, k in zip(op.param_names, op.param_numel, op.param_k):
+        row_dims = op.param_row_dim or (0,) * len(op.param_names)
+        rows: list[tuple[int, comm.RowsPart]] = []  # (position in val_parts, rows section)
+        for name, n, k, d in zip(op.param_names, op.param_numel, op.param_k, row_dims):
             p = s.params[name]
+            sparsifier = comm.RowSelector(d) if d and not dense else s.sparsifier
             with run.timer.phase("select"):
                 if quantize:
                     u, idx, vals = select_param(
-                        s.residuals, s.sparsifier, name=name, grad=grads(name), like=p, k=k, step=run.step
+                        s.residuals, sparsifier, name=name, grad=grads(name), like=p, k=k, step=run.step
                     )
                     pending.append((name, u, idx))
                 else:
                     idx, vals = send_param(
-                        s.residuals, s.sparsifier, name=name, grad=grads(name), like=p, k=k,
+                        s.residuals, sparsifier, name=name, grad=grads(name), like=p, k=k,
                         step=run.step, value_dtype=self.dense_dtype if dense else self.value_dtype,
                     )  # fmt: skip
             with run.timer.phase("pack"):
@@ -289,6 +310,11 @@ class Executor:
                     target = flat[off : off + n]
                     target.copy_(vals) if idx is None else target.index_copy_(0, idx, vals)
                     nbytes = n * self.dense_vb
+                elif d:
+                    ids = idx.view(-1, d)[:, 0] // d
+                    rows.append((len(val_parts), comm.RowsPart(ids, vals, d, off)))
+                    val_parts.append(vals)
+                    nbytes = sent * (self.ib + self.vb)
                 else:
                     if idx is None:
                         idx = torch.arange(n, device=s.device)
@@ -300,21 +326,31 @@ class Executor:
             off += n
         if dense:
             return _Payload(op=op, k=0, flat=flat)
+        row_at = {j for j, _ in rows}
         with run.timer.phase("pack"):
             ic = torch.cat(idx_parts) if idx_parts else torch.empty(0, dtype=s.index_dtype, device=s.device)
-            vc = torch.cat(val_parts) if val_parts else torch.empty(0, dtype=self.value_dtype, device=s.device)
+            pair_vals = [v for j, v in enumerate(val_parts) if j not in row_at]
+            vc = (
+                torch.cat(pair_vals) if pair_vals else torch.empty(0, dtype=self.value_dtype, device=s.device)
+            )
+        k_all = int(ic.numel()) + sum(r.values.numel() for _, r in rows)
         if not quantize:
-            return _Payload(op=op, k=int(ic.numel()), indices=ic, values=vc)
+            return _Payload(op=op, k=k_all, indices=ic, values=vc, rows=[r for _, r in rows])
         with run.timer.phase("pack"):  # one scale for the payload; each residual keeps its rounding error
-            q, scale = comm.quantize_int8(vc)
-            travelled = comm.dequantize_int8(q, scale)
-            at = 0
-            for name, u, idx in pending:
+            allv = torch.cat(val_parts) if val_parts else vc
+            q_all, scale = comm.quantize_int8(allv)
+            travelled = comm.dequantize_int8(q_all, scale)
+            at, q_pairs, q_rows = 0, [], {}
+            for j, (name, u, idx) in enumerate(pending):
                 part = travelled[at : at + run.sent_k[name]]
+                (q_rows.__setitem__(j, q_all[at : at + run.sent_k[name]]) if j in row_at
+                 else q_pairs.append(q_all[at : at + run.sent_k[name]]))  # fmt: skip
                 at += run.sent_k[name]
                 s.residuals.after_send(name, u, idx, sent_values=part)
                 run.sent[name] = (idx, part)
-        return _Payload(op=op, k=int(ic.numel()), indices=ic, values=q, scale=scale)
+            q = torch.cat(q_pairs) if q_pairs else torch.empty(0, dtype=torch.int8, device=s.device)
+        return _Payload(op=op, k=k_all, indices=ic, values=q, scale=scale,
+                        rows=[replace(r, values=q_rows[j]) for j, r in rows])  # fmt: skip
 
     # ------------------------------------------------------------------ launching
     def _launch(self, pl: _Payload, capacity: int, run: StepRun):
@@ -332,10 +368,16 @@ class Executor:
                 return pl.flat.to(torch.float32).div_(s.world_size)
 
             return work, finish_dense
-        handle = comm.gather_pairs(
-            pl.indices, pl.values, capacity=capacity, group=s.group, async_op=True,
-            index_bytes=self.ib, numel=op.numel, scale=pl.scale,
-        )  # fmt: skip
+        if pl.rows:
+            handle = comm.gather_payload(
+                pl.rows, pl.indices if op.has_pairs else None, pl.values, capacity=capacity - op.row_entries,
+                group=s.group, async_op=True, index_bytes=self.ib, numel=op.numel, scale=pl.scale,
+            )  # fmt: skip
+        else:
+            handle = comm.gather_pairs(
+                pl.indices, pl.values, capacity=capacity, group=s.group, async_op=True,
+                index_bytes=self.ib, numel=op.numel, scale=pl.scale,
+            )  # fmt: skip
 
         def finish_sparse(wait: bool = True) -> torch.Tensor:
             pairs = handle.wait() if wait or handle.flat is None else handle.decode()

@@ -142,6 +142,10 @@ def add_policy_arguments(p: argparse.ArgumentParser, *, policy: bool = True) -> 
         "--index-bytes", type=int, default=4, choices=(2, 4, 8),
         help="bytes per sparse index: 8 int64, 4 int32, 2 bucket-local uint16 (default 4)",
     )
+    p.add_argument(
+        "--row-sparse-embeddings", action="store_true",
+        help="the 2-D token embedding sends ceil(k / dim) whole rows as (row id, row) (igrt train's flag)",
+    )
 
 
 def make_config(
@@ -168,6 +172,7 @@ def make_config(
         collective=args.collective,
         value_bytes=args.value_bytes,
         index_bytes=getattr(args, "index_bytes", 4),
+        row_sparse_embeddings=bool(getattr(args, "row_sparse_embeddings", False)),
         seed=getattr(args, "seed", 0),
     )
 

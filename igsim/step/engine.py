@@ -42,7 +42,15 @@ from igpolicy.decide import release_phases
 from igpolicy.plan import SyncPlan
 from igpolicy.step_plan import DDP_FIRST_BUCKET_CAP_BYTES, INTEGRATIONS, OpKind, WireTally, op_bytes
 from igpolicy.vocab import ComponentId, ParamInfo, StepMetrics
-from igpolicy.wire import BOUNDED_SPARSIFIERS, COUNT_BYTES, config_k, encoded_pairs_bytes, nominal_k, pairs_of
+from igpolicy.wire import (
+    BOUNDED_SPARSIFIERS,
+    COUNT_BYTES,
+    config_k,
+    encoded_pairs_bytes,
+    nominal_k,
+    pairs_of,
+    row_dim,
+)
 from igsim.collectives.costs import CostCache
 from igsim.step.decisions import PlanLayout, PlanSource
 from igsim.step.results import SPAN_KINDS, SimResult
@@ -307,10 +315,13 @@ def _whole(k: np.ndarray, workload: Workload, config: PolicyConfig, params) -> n
     if not config.sparse:
         return k
     whole = [i for i, p in enumerate(params) if config_k(p, config) is None]
-    if not whole:
+    rows = [i for i, p in enumerate(params) if row_dim(p, config)]  # always exactly their rows
+    if not whole and not rows:
         return k
     k = np.array(k, dtype=np.int64, copy=True)
     k[..., whole] = np.asarray(workload.numel, dtype=np.int64)[whole]
+    for i in rows:
+        k[..., i] = config_k(params[i], config)
     return k
 
 
