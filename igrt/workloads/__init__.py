@@ -186,6 +186,7 @@ def make_workload(name: str, *, tiny: bool, seed: int, spec: WorkloadSpec | None
 
         w = GPTWorkload(tiny=tiny, seed=seed)
     w._apply_spec(spec)
+    w.model.zero_grad(set_to_none=True)  # training's first step sees its own gradients only
     return w
 
 

@@ -105,6 +105,7 @@ def _pretrain(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+    model.zero_grad(set_to_none=True)  # the last step's gradients must not leak into post-training's first
 
 
 def pretrained_state(*, seed: int, steps: int = PRETRAIN_STEPS) -> dict[str, torch.Tensor]:
