@@ -23,7 +23,7 @@ the workload's trace); three split controls derived in code from that plan (:fun
 ``all_low`` (every unpinned component low), ``random`` (a random split with the important set's
 bytes), ``swapped`` (the lowest-scored components, as many bytes as the important set, sent every
 step); ``powersgd1`` / ``powersgd2`` (PyTorch's ``powerSGD_hook`` through ``igrt bench``'s code
-path, :func:`igrt.cli.bench._register_peer`, on DDP with one bucket; the same workload, optimizer,
+path, :func:`igrt.integrations.peers.register_peer`, on DDP with one bucket; the same workload, optimizer,
 schedule and evaluations; no flush: its error feedback is never sent).
 
 **Cached and resumable.** Every run is one subprocess (``igrt train``, or ``python -m
@@ -730,7 +730,7 @@ def _powersgd_rank(ctx: Any, settings: Mapping[str, Any], folder: str) -> int:
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from igrt.cli.bench import CollectiveMeter, _register_peer
+    from igrt.integrations.peers import CollectiveMeter, register_peer
     from igrt.train.loop import rank_seed
     from igrt.workloads import WorkloadSpec, make_workload
 
@@ -742,7 +742,7 @@ def _powersgd_rank(ctx: Any, settings: Mapping[str, Any], folder: str) -> int:
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     ddp = DistributedDataParallel(model, bucket_cap_mb=2 * grad_bytes / 2**20 + 1)  # one bucket (igrt bench)
     meter = CollectiveMeter()
-    _register_peer(ddp, s["tag"], meter)
+    register_peer(ddp, s["tag"], meter)
     optimizer = w.optimizer(model)
     batches = w.train_batches(ctx.rank, ctx.world_size, s["batch_size"])
     evals = [{"step": 0, **w.evaluate(model)}] if ctx.rank == 0 else []

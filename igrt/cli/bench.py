@@ -41,11 +41,9 @@ Columns (means per rank and timed step):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -53,6 +51,7 @@ from typing import Any
 from igpolicy.cli_util import add_deprecated_alias
 from igpolicy.config import PACKINGS
 from igpolicy.limits import check_count
+from igrt.integrations.peers import CollectiveMeter, register_peer
 from igrt.workloads import WORKLOADS
 from traces.profiling import profile_trace
 
@@ -74,7 +73,6 @@ __all__ = [
 BENCH_POLICIES = ("dense", "topk", "adtopk", "importance")
 PEERS = ("ddp", "allreduce", "fp16", "powersgd1", "powersgd2", "powersgd3", "powersgd4")
 DEFAULT_METHODS = (*PEERS, "topk", "adtopk", "importance")
-POWERSGD_START_ITER = 2  # PyTorch's minimum with error feedback / warm start
 # (statistic, limit, label): every one is "at most"
 TARGETS = (
     ("overhead_pct", 10.0, "synchronizer overhead on top of the sparsifier <= 10 % of step time"),
@@ -285,91 +283,6 @@ def _gather_rows(ctx, rows: list[dict[str, float]]) -> list[dict[str, float]]:
 
 
 # --------------------------------------------------------------------------- PyTorch's peers
-class CollectiveMeter:
-    """What DDP comm hooks hand to collectives, and how long their own work takes.
-
-    :meth:`counting` wraps ``torch.distributed.all_reduce`` (the one collective PyTorch's hooks
-    call; from the hook or from its future callbacks, on any thread) while it is active: every
-    call adds its tensor's bytes and, once its future completes, its time in flight.
-    :meth:`hook` wraps a hook: the time from each call to the end of its future chain. ``own_s``
-    is their difference: compression, decompression and copies, without the wire.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.reset()
-
-    def reset(self) -> None:
-        with self._lock:
-            self.bytes = 0
-            self.num_collectives = 0
-            self.chain_s = 0.0
-            self.comm_s = 0.0
-
-    @property
-    def own_s(self) -> float:
-        return max(0.0, self.chain_s - self.comm_s)
-
-    def _add(self, **amounts: float) -> None:
-        with self._lock:
-            for k, v in amounts.items():
-                setattr(self, k, getattr(self, k) + v)
-
-    def hook(self, hook):
-        """``hook`` timed from its call to the end of the future chain it returns."""
-
-        def metered(state, bucket):
-            t0 = time.perf_counter()
-
-            def chain_done(fut):
-                self._add(chain_s=time.perf_counter() - t0)
-                return fut.value()
-
-            return hook(state, bucket).then(chain_done)
-
-        return metered
-
-    @contextlib.contextmanager
-    def counting(self):
-        """``torch.distributed.all_reduce`` counted while inside (restored on exit)."""
-        import torch.distributed as dist
-
-        original = dist.all_reduce
-
-        def all_reduce(tensor, *args, **kwargs):
-            t0 = time.perf_counter()
-            work = original(tensor, *args, **kwargs)
-            self._add(bytes=tensor.numel() * tensor.element_size(), num_collectives=1)
-            if work is None:  # a blocking call
-                self._add(comm_s=time.perf_counter() - t0)
-            else:
-                work.get_future().then(lambda _fut: self._add(comm_s=time.perf_counter() - t0))
-            return work
-
-        dist.all_reduce = all_reduce
-        try:
-            yield self
-        finally:
-            dist.all_reduce = original
-
-
-def _register_peer(ddp, method: str, meter: CollectiveMeter) -> None:
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-
-    if method == "allreduce":
-        ddp.register_comm_hook(None, meter.hook(default_hooks.allreduce_hook))
-    elif method == "fp16":
-        ddp.register_comm_hook(None, meter.hook(default_hooks.fp16_compress_hook))
-    elif method.startswith("powersgd"):
-        state = psgd.PowerSGDState(
-            process_group=None,
-            matrix_approximation_rank=int(method.removeprefix("powersgd")),
-            start_powerSGD_iter=POWERSGD_START_ITER,
-        )
-        ddp.register_comm_hook(state, meter.hook(psgd.powerSGD_hook))
-
-
 def _run_peer(ctx, w, method: str, opts: dict[str, Any]) -> list[dict[str, float]]:
     """``--steps`` steps of DDP (with ``method``'s hook) on this rank; one row per step."""
     import gc
@@ -390,7 +303,7 @@ def _run_peer(ctx, w, method: str, opts: dict[str, Any]) -> list[dict[str, float
         model, device_ids=[ctx.device] if ctx.device.type == "cuda" else None, **caps
     )
     meter = CollectiveMeter()
-    _register_peer(ddp, method, meter)
+    register_peer(ddp, method, meter)
     optimizer = w.optimizer(model)
     batches = w.train_batches(ctx.rank, ctx.world_size, opts["batch_size"])
     sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)

@@ -4,6 +4,8 @@
   and the :class:`~igrt.sync.synchronizer.Synchronizer` run inside the optimizer's ``step()``.
 - :mod:`igrt.integrations.hf`: a ``TrainerCallback`` that installs the importance DDP comm hook on
   the model the Trainer (Accelerate) wrapped in DDP, and keeps the per-rank state in its checkpoints.
+- :mod:`igrt.integrations.peers`: PyTorch's own DDP comm hooks (all-reduce, fp16, PowerSGD), metered,
+  as ``igrt bench`` and the evaluation protocol run them beside our policies.
 
 Both read the same options: one mapping with the :class:`~igpolicy.config.PolicyConfig` keys plus
 ``plan`` (a SyncPlan JSON path), validated strictly by :func:`sync_options` — unknown and removed
