@@ -290,9 +290,8 @@ def test_igrt_train_resumes_an_online_run_from_its_checkpoint(tmp_path):
     """A run cut at step 6, inside the window of the re-plan at 8 (steps 5..7), resumes from its
     checkpoint with the plan history and the window: the plans before the cut are the uninterrupted
     run's, and the re-plan at 8 runs on a complete window (step 5 came from the checkpoint; without
-    it every rank would skip that re-plan). Bit-for-bit equality of the two runs is not asserted
-    here: an offline-plan run of this workload does not resume bit for bit either (see the report
-    in docs/runtime.md); tests of the sync state alone check it for online profiling."""
+    it every rank would skip that re-plan). The resumed run is the uninterrupted one bit for bit:
+    its rows, its plans and its final model."""
     import shutil
 
     from igrt.cli import main
@@ -321,6 +320,12 @@ def test_igrt_train_resumes_an_online_run_from_its_checkpoint(tmp_path):
         r["x_online_replan"] == "1.0" for r in rows
     )  # not skipped: the window came back
     assert {int(r["step"]) for r in _csv(resumed / "metrics.csv")} == {6, 7, 8}
+    assert [(p["step"], p["fingerprint"]) for p in plans[1]] == [(p["step"], p["fingerprint"]) for p in plans[0]]
+    cols = ("step", "rank", "values_bytes", "indices_bytes", "metadata_bytes", "residual_norm", "x_loss")
+    want = [[r[c] for c in cols] for r in _csv(full / "metrics.csv") if int(r["step"]) >= 6]
+    assert [[r[c] for c in cols] for r in _csv(resumed / "metrics.csv")] == want
+    a, b = torch.load(full / "model.pt"), torch.load(resumed / "model.pt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _csv(path: Path):
