@@ -44,18 +44,19 @@ def _name(case) -> str:
     return "-".join(map(str, case))
 
 
-def _train_all(ctx, root: str) -> int:
+def train_cases(ctx, root: str, cases, **config_extra) -> int:
+    """Each (integration, policy, collective, index_bytes, value_bytes) case trained into ``root``."""
     from igrt.sync.synchronizer import build_param_infos, named_parameters
     from igrt.train.loop import TrainOptions, train_on_rank
     from igrt.workloads import make_workload
 
     plan = _plan(build_param_infos(named_parameters(make_workload("gpt", tiny=True, seed=0).model)))
-    for case in CASES:
+    for case in cases:
         integration, policy, collective, ib, vb = case
         config = PolicyConfig(
             policy=policy, density=0.2 if collective == "auto" else 0.05, collective=collective,
             release_period=PERIOD, num_buckets=3, sparsifier="adtopk" if policy == "adtopk" else "topk",
-            index_bytes=ib, value_bytes=vb,
+            index_bytes=ib, value_bytes=vb, **config_extra,
         )  # fmt: skip
         options = TrainOptions(
             workload="gpt", tiny=True, config=config, steps=STEPS, batch_size=4, integration=integration,
@@ -63,7 +64,27 @@ def _train_all(ctx, root: str) -> int:
             out=str(Path(root) / _name(case)), ddp_bucket_cap_mb=0.02 if integration == "ddp-hook" else None,
         )  # fmt: skip
         train_on_rank(ctx, options, workload=make_workload("gpt", tiny=True, seed=0))
-    return len(CASES)
+    return len(cases)
+
+
+def _train_all(ctx, root: str) -> int:
+    return train_cases(ctx, root, CASES)
+
+
+def check_replay(run: Path, integration: str) -> list[dict[str, str]]:
+    """The replay of ``run`` is exact (bytes and ops, every step and rank); its issued ops (no flush)."""
+    rep = replay_run(run)
+    s = rep.summary
+    assert s["integration"] == integration and s["steps"] == STEPS
+    assert s["bytes_exact"], s["byte_mismatches"][:5]
+    assert s["ops_exact"], s["op_mismatch_steps"]
+    for row in rep.rows:
+        for f in ("values_bytes", "indices_bytes", "dense_bytes", "metadata_bytes", "num_collectives"):
+            assert row[f"measured_{f}"] == row[f"predicted_{f}"], (row["step"], f)
+    with (run / "ops.csv").open() as f:
+        ops = [r for r in csv.DictReader(f) if r["issued"] == "1" and int(r["step"]) < STEPS]  # not the flush
+    assert ops
+    return ops
 
 
 @pytest.fixture(scope="module")
@@ -81,17 +102,7 @@ def test_replay_costs_the_bytes_the_runtime_counted(runs, case):
     run = runs / _name(case)
     config = json.loads((run / "summary.json").read_text())["config"]
     assert (config["index_bytes"], config["value_bytes"]) == (ib, vb)
-    rep = replay_run(run)
-    s = rep.summary
-    assert s["integration"] == integration and s["steps"] == STEPS
-    assert s["bytes_exact"], s["byte_mismatches"][:5]
-    assert s["ops_exact"], s["op_mismatch_steps"]
-    for row in rep.rows:
-        for f in ("values_bytes", "indices_bytes", "dense_bytes", "metadata_bytes", "num_collectives"):
-            assert row[f"measured_{f}"] == row[f"predicted_{f}"], (row["step"], f)
-    with (run / "ops.csv").open() as f:
-        ops = [r for r in csv.DictReader(f) if r["issued"] == "1" and int(r["step"]) < STEPS]  # not the flush
-    assert ops
+    ops = check_replay(run, integration)
     kinds = {r["kind"] for r in ops}
     if collective != "auto":  # auto picks per bucket; the forced choices are what they say
         assert kinds - {"count_exchange"} == {

@@ -11,17 +11,14 @@ plus its pairs' indices, and its encoded size is the rows section plus the pairs
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from igpolicy.config import PolicyConfig
 from igpolicy.wire import ROW_ID_BYTES, encoded_rows_bytes, nominal_k, pairs_layout
-from igsim.studies.replay import replay_run
-from tests.test_sim_matches_runtime import PERIOD, STEPS, _plan
+from tests.test_sim_matches_runtime_compact import _name, check_replay, train_cases
 
 torch.set_num_threads(1)
 
@@ -39,30 +36,8 @@ CASES = [
 ]
 
 
-def _name(case) -> str:
-    return "-".join(map(str, case))
-
-
 def _train_all(ctx, root: str) -> int:
-    from igrt.sync.synchronizer import build_param_infos, named_parameters
-    from igrt.train.loop import TrainOptions, train_on_rank
-    from igrt.workloads import make_workload
-
-    plan = _plan(build_param_infos(named_parameters(make_workload("gpt", tiny=True, seed=0).model)))
-    for case in CASES:
-        integration, policy, collective, ib, vb = case
-        config = PolicyConfig(
-            policy=policy, density=0.2 if collective == "auto" else 0.05, collective=collective,
-            release_period=PERIOD, num_buckets=3, sparsifier="adtopk" if policy == "adtopk" else "topk",
-            index_bytes=ib, value_bytes=vb, row_sparse_embeddings=True,
-        )  # fmt: skip
-        options = TrainOptions(
-            workload="gpt", tiny=True, config=config, steps=STEPS, batch_size=4, integration=integration,
-            plan=plan if policy == "importance" else None, evaluate=False, progress=False, record_trace=True,
-            out=str(Path(root) / _name(case)), ddp_bucket_cap_mb=0.02 if integration == "ddp-hook" else None,
-        )  # fmt: skip
-        train_on_rank(ctx, options, workload=make_workload("gpt", tiny=True, seed=0))
-    return len(CASES)
+    return train_cases(ctx, root, CASES, row_sparse_embeddings=True)
 
 
 @pytest.fixture(scope="module")
@@ -80,16 +55,7 @@ def test_replay_costs_the_bytes_the_runtime_counted(runs, case):
     run = runs / _name(case)
     config = json.loads((run / "summary.json").read_text())["config"]
     assert config["row_sparse_embeddings"] is True
-    rep = replay_run(run)
-    s = rep.summary
-    assert s["integration"] == integration and s["steps"] == STEPS
-    assert s["bytes_exact"], s["byte_mismatches"][:5]
-    assert s["ops_exact"], s["op_mismatch_steps"]
-    for row in rep.rows:
-        for f in ("values_bytes", "indices_bytes", "dense_bytes", "metadata_bytes", "num_collectives"):
-            assert row[f"measured_{f}"] == row[f"predicted_{f}"], (row["step"], f)
-    with (run / "ops.csv").open() as f:
-        ops = [r for r in csv.DictReader(f) if r["issued"] == "1" and int(r["step"]) < STEPS]  # not the flush
+    ops = check_replay(run, integration)
     density = 0.2 if case[2] == "auto" else 0.05
     rows = min(-(-nominal_k(VOCAB * DIM, density) // DIM), VOCAB)
     row_ops = 0

@@ -20,7 +20,7 @@ import time
 
 from igpolicy.cli_outputs import check_output_file
 from igpolicy.cli_util import reading
-from igsim.cli.options import add_model_arguments
+from igsim.cli.options import add_model_arguments, fit_from_args
 from igsim.studies import validation as v
 
 __all__ = ["add_arguments", "run"]
@@ -73,15 +73,7 @@ def run(args: argparse.Namespace) -> int:
     _say(
         f"fitting on {num_cal} calibration cases of {path} ({tb.num_ranks} ranks, {raw.get('date', 'no date')})"
     )
-    fit = v.fit(
-        cases,
-        topo,
-        small_max_bytes=args.small_max_bytes,
-        large_min_bytes=args.large_min_bytes,
-        burst_s=tb.burst_s,
-        per_op=not args.one_factor,
-        statistic=args.statistic,
-    )
+    fit = fit_from_args(args, cases, topo, tb)
     source = f"igsim calibrate {path} ({raw.get('date', '')}; {raw.get('command', 'igrt validate')})"
     fit.calibration(topo, source=source).save(out)
     gather = f", x{fit.gather_factor:.4f} all-gather" if fit.gather_factor else ""

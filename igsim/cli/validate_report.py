@@ -23,7 +23,7 @@ from typing import Any
 
 from igpolicy.cli_outputs import check_output_file
 from igpolicy.cli_util import reading
-from igsim.cli.options import add_model_arguments
+from igsim.cli.options import add_model_arguments, fit_from_args
 from igsim.net.calibration import Calibration
 from igsim.studies import validation as v
 
@@ -86,15 +86,7 @@ def run(args: argparse.Namespace) -> int:
             fit = v.Fit.from_calibration(Calibration.load(args.calibration))
         roles = (v.CALIBRATION, v.VALIDATION)
     else:
-        fit = v.fit(
-            cases,
-            topo,
-            small_max_bytes=args.small_max_bytes,
-            large_min_bytes=args.large_min_bytes,
-            burst_s=tb.burst_s,
-            per_op=not args.one_factor,
-            statistic=args.statistic,
-        )
+        fit = fit_from_args(args, cases, topo, tb)
     report = v.build_report(cases, topo, fit, burst_s=tb.burst_s, statistic=args.statistic, roles=roles)
     report["testbed"] = raw["testbed"]
     report["measurements"] = str(args.measurements)
