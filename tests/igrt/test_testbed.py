@@ -55,15 +55,31 @@ def _goodput_bytes_per_s(spec: testbed.TestbedSpec, src: int, dst: int, size: in
     return size / float(t)
 
 
+def _goodputs(spec: testbed.TestbedSpec, src: int, dst: int, size: int, tries: int = 3) -> list[float]:
+    """Goodput of up to ``tries`` transfers, stopping at the first that reaches 85 % of the rate.
+
+    The lower bound is a best-of: a loaded 2-core machine can stall one transfer in a TCP
+    retransmit timeout (>= 200 ms of a 0.6 s transfer after one drop in the shaped queue), which
+    is TCP's behaviour, not the shaper's. The cap must hold on every transfer.
+    """
+    rate = spec.rate_bytes_per_s
+    out: list[float] = []
+    for _ in range(tries):
+        out.append(_goodput_bytes_per_s(spec, src, dst, size))
+        if out[-1] > 0.85 * rate:
+            break
+    return out
+
+
 def test_shaped_link_rate_and_teardown():
     rate = 40e6 / 8  # 40 Mbit/s
     spec = testbed.TestbedSpec(num_ranks=2, rate_bytes_per_s=rate)
     with testbed.Testbed(spec):
         run = spec.run_id
         assert set(testbed.leftovers(run)) == {f"igtb-{run}-r0", f"igtb-{run}-r1", f"igtb-{run}-sw"}
-        goodput = _goodput_bytes_per_s(spec, 0, 1, 3 * 2**20)
+        goodputs = _goodputs(spec, 0, 1, 3 * 2**20)
         # TCP/IP framing costs ~5 %; the token bucket's burst can add a little at the start
-        assert 0.85 * rate < goodput < 1.05 * rate
+        assert 0.85 * rate < max(goodputs) and max(goodputs) < 1.05 * rate, goodputs
     assert testbed.leftovers(spec.run_id) == []
 
 
@@ -96,7 +112,8 @@ def test_ring_links_each_pair_directly_and_tears_down():
         assert qdiscs.count("tbf") == 2 and "lat 10ms" in qdiscs  # both of rank 0's links shaped
         # each neighbour over its own direct link at the shaped rate
         for dst in (1, 2):
-            assert 0.85 * rate < _goodput_bytes_per_s(spec, 0, dst, 2**20) < 1.05 * rate
+            goodputs = _goodputs(spec, 0, dst, 2**20)
+            assert 0.85 * rate < max(goodputs) and max(goodputs) < 1.05 * rate, goodputs
     assert testbed.leftovers(spec.run_id) == []
 
 
