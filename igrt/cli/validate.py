@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,70 @@ from igrt.cli.options import add_testbed_arguments, spec_from_args
 from igrt.testbed import namespaces as testbed
 from igrt.testbed import netmeasure
 
-__all__ = ["POLICIES", "add_arguments", "plan_cases", "run", "spec_from_args", "train_on_testbed"]
+__all__ = [
+    "INTEGRATIONS",
+    "POLICIES",
+    "StepRun",
+    "add_arguments",
+    "parse_step_runs",
+    "plan_cases",
+    "run",
+    "spec_from_args",
+    "train_on_testbed",
+]
 
 KiB, MiB = 1024, 1024 * 1024
-POLICIES = ("dense", "topk", "importance")
+POLICIES = ("dense", "topk", "adtopk", "importance")
+DEFAULT_POLICIES = ("dense", "topk", "importance")
+INTEGRATIONS = ("sync", "ddp-hook")
+
+
+@dataclass(frozen=True)
+class StepRun:
+    """One training run of the step validation: a policy (importance with an optional release
+    period R) under one integration; trained into ``real_<label>``."""
+
+    policy: str
+    integration: str = "sync"
+    release_period: int | None = None
+
+    @property
+    def label(self) -> str:
+        name = self.policy + (f"-R{self.release_period}" if self.release_period is not None else "")
+        return name if self.integration == "sync" else f"{name}-{self.integration}"
+
+    def train_args(self) -> list[str]:
+        out = ["--policy", self.policy, "--integration", self.integration]
+        return out + (
+            ["--release-period", str(self.release_period)] if self.release_period is not None else []
+        )
+
+
+def parse_step_runs(policies: str, integrations: str = "sync") -> list[StepRun]:
+    """``--policies`` x ``--integrations``: policies among :data:`POLICIES`, ``importance-R<k>`` for
+    the importance policy with release period k (plain ``importance``: the plan's R)."""
+    names = [s.strip() for s in policies.split(",") if s.strip()]
+    modes = [s.strip() for s in integrations.split(",") if s.strip()]
+    if not names or not modes:
+        raise ValueError("--policies and --integrations must each name at least one")
+    bad_modes = [m for m in modes if m not in INTEGRATIONS]
+    if bad_modes:
+        raise ValueError(f"--integrations: {bad_modes} are not among {', '.join(INTEGRATIONS)}")
+    parsed: list[tuple[str, int | None]] = []
+    for name in names:
+        policy, _, period = name.partition("-R")
+        if policy not in POLICIES or (period and (policy != "importance" or not period.isdigit())):
+            raise ValueError(
+                f"--policies: {name!r} is not among {', '.join(POLICIES)} or importance-R<k> (k >= 1)"
+            )
+        if period and int(period) < 1:
+            raise ValueError(f"--policies: {name!r}: the release period must be >= 1")
+        parsed.append((policy, int(period) if period else None))
+    runs = [StepRun(p, m, r) for m in modes for p, r in parsed]
+    labels = [r.label for r in runs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"--policies: a run is named twice ({', '.join(labels)})")
+    return runs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -66,7 +127,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--workload", default="gpt", help="workload of the step validation (default gpt)")
     p.add_argument("--tiny", action="store_true", help="the workload's tiny model (fast, latency-bound)")
-    p.add_argument("--policies", default=",".join(POLICIES), help="policies of the step validation")
+    p.add_argument(
+        "--policies",
+        default=",".join(DEFAULT_POLICIES),
+        help=f"policies of the step validation, among {', '.join(POLICIES)} and importance-R<k> "
+        f"(release period k); default {','.join(DEFAULT_POLICIES)}",
+    )
+    p.add_argument(
+        "--integrations",
+        default="sync",
+        help=f"integrations each policy trains under, among {', '.join(INTEGRATIONS)} (default sync)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="step validation: examples per rank (default: the workload's)",
+    )
 
 
 def _bottleneck_bytes_per_s(spec: testbed.TestbedSpec) -> float:
@@ -202,17 +279,20 @@ def prepare_steps(steps_dir: Path, *, workload: str, steps: int, tiny: bool) -> 
 
 
 def train_on_testbed(
-    spec: testbed.TestbedSpec, steps_dir: Path, *, policy: str, workload: str, steps: int, tiny: bool,
-    timeout_s: float,
+    spec: testbed.TestbedSpec, steps_dir: Path, *, run: StepRun, workload: str, steps: int, tiny: bool,
+    timeout_s: float, batch_size: int | None = None,
 ) -> None:  # fmt: skip
-    """``igrt train`` of ``policy`` for ``steps`` steps, one process per rank namespace, into
-    ``steps_dir/real_<policy>`` (metrics.csv with every rank's StepMetrics rows)."""
-    args = ["igrt", "train", "--workload", workload, "--policy", policy, "--steps", str(steps), "--no-eval",
-            "--no-progress", "--out", str(steps_dir / f"real_{policy}"), "--timeout-s", str(timeout_s),
+    """``igrt train`` of ``run`` for ``steps`` steps, one process per rank namespace, into
+    ``steps_dir/real_<label>`` (metrics.csv with every rank's StepMetrics rows, its own trace)."""
+    args = ["igrt", "train", "--workload", workload, *run.train_args(), "--steps", str(steps), "--no-eval",
+            "--no-progress", "--out", str(steps_dir / f"real_{run.label}"), "--timeout-s", str(timeout_s),
             "--record-trace"]  # fmt: skip
     args += ["--tiny"] if tiny else []
-    args += ["--plan", str(steps_dir / "plan.json")] if policy == "importance" else []
-    netmeasure.run_ranks(args, spec=spec, timeout_s=timeout_s, what=f"igrt train --policy {policy}")
+    args += ["--batch-size", str(batch_size)] if batch_size is not None else []
+    args += ["--plan", str(steps_dir / "plan.json")] if run.policy == "importance" else []
+    netmeasure.run_ranks(
+        args, spec=spec, timeout_s=timeout_s, what=f"igrt train {shlex.join(run.train_args())}"
+    )
 
 
 def measure_on_testbed(
@@ -243,11 +323,13 @@ def measure_on_testbed(
         )
         wall = time.time() - t0
         load_after = list(os.getloadavg())
-        for policy in (steps or {}).get("policies", ()):
+        for step_run in (steps or {}).get("runs", ()):
             t1 = time.time()
-            train_on_testbed(spec, steps["dir"], policy=policy, workload=steps["workload"], steps=steps["steps"],
-                             tiny=steps["tiny"], timeout_s=timeout_s)  # fmt: skip
-            print(f"trained {policy} for {steps['steps']} steps in {time.time() - t1:.0f} s", flush=True)
+            train_on_testbed(spec, steps["dir"], run=step_run, workload=steps["workload"], steps=steps["steps"],
+                             tiny=steps["tiny"], timeout_s=timeout_s, batch_size=steps["batch_size"])  # fmt: skip
+            print(
+                f"trained {step_run.label} for {steps['steps']} steps in {time.time() - t1:.0f} s", flush=True
+            )
     by_name = {r["name"]: r for r in measured["results"]}
     merged = []
     for c in cases:
@@ -277,10 +359,9 @@ def run(args: argparse.Namespace) -> int:
     reps = args.reps or (3 if args.quick else 7)
     if reps < 1 or args.warmup < 0 or args.steps < 0:
         raise ValueError(f"--reps {reps} must be >= 1, --warmup {args.warmup} and --steps {args.steps} >= 0")
-    policies = [s.strip() for s in args.policies.split(",") if s.strip()]
-    unknown = [s for s in policies if s not in POLICIES]
-    if unknown:
-        raise ValueError(f"--policies: {unknown} are not among {', '.join(POLICIES)}")
+    step_runs = parse_step_runs(args.policies, args.integrations)
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ValueError(f"--batch-size {args.batch_size} must be >= 1")
     max_bytes = int(_bottleneck_bytes_per_s(spec) * (0.4 if args.quick else 0.8))
     cases = plan_cases(spec.num_ranks, max_bytes=max_bytes, quick=args.quick)
     out = Path(args.out)
@@ -298,13 +379,17 @@ def run(args: argparse.Namespace) -> int:
         + (", switchless ring" if spec.ring else "")
         + f", {spec.queue_s * 1e3:g} ms shaper queues"
         + f"; {roles['calibration']} calibration + {roles['validation']} validation cases x {reps} reps"
-        + (f"; then {args.steps} training steps of {', '.join(policies)}" if args.steps else ""),
+        + (
+            f"; then {args.steps} training steps of {', '.join(r.label for r in step_runs)}"
+            if args.steps
+            else ""
+        ),
         flush=True,
     )
     steps = None
     if args.steps:
         steps = {"dir": out / "steps", "workload": args.workload, "steps": args.steps, "tiny": args.tiny,
-                 "policies": policies}  # fmt: skip
+                 "runs": step_runs, "batch_size": args.batch_size}  # fmt: skip
         steps["dir"].mkdir(parents=True, exist_ok=True)
         prepare_steps(steps["dir"], workload=args.workload, steps=args.steps, tiny=args.tiny)
     data = measure_on_testbed(

@@ -308,8 +308,11 @@ class _RankRun:
         # so everything but the exposed tail counts as compute.
         compute_s = (t1 - t0) + (t3 - t2) if self.hook is None else (t3 - t0) - exposed_s
         if self.trace is not None:
+            # ddp-hook: backward ends with DDP's wait for the collectives; the trace's backward time
+            # is the compute's share (the simulator costs the collectives itself)
+            backward_s = (t1 - t0) - forward_s - (exposed_s if self.hook is not None else 0.0)
             self.trace.end_step(
-                step=row.step, forward_s=forward_s, backward_s=(t1 - t0) - forward_s, optimizer_s=t3 - t2,
+                step=row.step, forward_s=forward_s, backward_s=max(0.0, backward_s), optimizer_s=t3 - t2,
                 loss=loss_sum, sent_k=self.sync.last_run.sent_k if self.sync.last_run is not None else {},
             )  # fmt: skip
         extra = {**row.extra, "forward_backward_s": t1 - t0, "optimizer_s": t3 - t2, "loss": loss_sum}

@@ -31,7 +31,7 @@ See docs/simulator.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -133,6 +133,18 @@ class _Stream:
     comm_end_s: float
     comm_s: float
     tallies: list[WireTally]
+    issued: list[tuple[int, float, float]] = field(default_factory=list)  # (op index, start, end)
+
+    def rank_comm_s(self, rank_gates: np.ndarray) -> np.ndarray:
+        """Seconds each rank spends inside collectives, as the runtime times them: a rank calls op
+        j when it is ready for it (``rank_gates[r, j]``) and its previous op has ended, and leaves
+        when the op ends, so an early rank's wait for the last one counts. [R]."""
+        out = np.zeros(rank_gates.shape[0])
+        prev = 0.0
+        for j, _start, end in self.issued:
+            out += end - np.maximum(rank_gates[:, j], prev)
+            prev = end
+        return out
 
 
 class _Run:
@@ -174,16 +186,28 @@ class _Run:
         lay = self.source.layout(t)
         self.sent.append(lay.plan.sending_params)
         f, b, o = w.forward_s[rec], w.backward_s[rec], w.optimizer_s[rec]
-        factors = self.jit.factors(step=t, num_ranks=self.world_size)
-        s_max = float(factors.max())
         ready = w.ready_since_backward(rec) if self.integration == "ddp-hook" else np.full(len(w.params), b)
-        gate = lay.op_gate_s(s_max * (f + ready), s_max * (f + b))
+        own = self._own_phases(rec)
+        rank_gates = None
+        if own is None:
+            factors = self.jit.factors(step=t, num_ranks=self.world_size)
+            s_max = float(factors.max())
+            gate = lay.op_gate_s(s_max * (f + ready), s_max * (f + b))
+            s = factors[:1] if self.representative else factors
+            fw, bw, op_s, local = s * f, s * b, s * o, np.zeros(len(s))
+        else:  # every rank on its own recorded times; the last to reach an op gates it
+            fw, bw, op_s, local = own
+            scale = bw / b if b > 0 else np.ones(len(bw))
+            rank_gates = np.stack([
+                lay.op_gate_s(fw[r] + scale[r] * ready + local[r], fw[r] + bw[r] + local[r]) for r in range(len(fw))
+            ])  # fmt: skip
+            gate = rank_gates.max(axis=0) if len(lay.ops) else np.zeros(0)
         k = self.k_matrix[rec]  # [P] or [R, P]
         k_rows = k if k.ndim == 2 else k[None, :]
         stream = self._stream(lay, gate, lay.op_k(k_rows), t)
-        s = factors[:1] if self.representative else factors
-        bend = s * (f + b)
-        step_s = np.maximum(bend, stream.comm_end_s) + s * o
+        bend = fw + bw
+        step_s = np.maximum(bend + local, stream.comm_end_s) + op_s
+        comm_s = stream.comm_s if rank_gates is None else stream.rank_comm_s(rank_gates)
         rows = slice(t * self.rows_per_step, (t + 1) * self.rows_per_step)
         tallies = stream.tallies if len(stream.tallies) == self.rows_per_step else stream.tallies * self.rows_per_step
         ib, vb = cfg.index_bytes, cfg.value_bytes
@@ -195,23 +219,34 @@ class _Run:
             num_sending_components=lay.plan.num_sending_components,
             low_bytes=np.array([lay.low_bytes(kr, index_bytes=ib, value_bytes=vb) for kr in k_rows])
             if len(k_rows) == self.rows_per_step else lay.low_bytes(k_rows[0], index_bytes=ib, value_bytes=vb),
-            compute_s=s * (f + b + o),
-            comm_s=stream.comm_s,
-            exposed_comm_s=np.maximum(0.0, stream.comm_end_s - bend),
+            compute_s=bend + op_s,
+            comm_s=comm_s,
+            exposed_comm_s=np.maximum(0.0, stream.comm_end_s - (bend + local)),
             step_s=step_s,
             bucket_imbalance=lay.plan.bucket_imbalance,
         )  # fmt: skip
-        global_step_s = float(max(step_s.max(), s_max * (f + b + o)))
-        for key, v in (("start_s", self.clock), ("step_s", global_step_s), ("forward_s", s_max * f),
-                       ("backward_end_s", s_max * (f + b)), ("comm_end_s", stream.comm_end_s)):  # fmt: skip
+        global_step_s = float(max(step_s.max(), (bend + local + op_s).max()))
+        for key, v in (("start_s", self.clock), ("step_s", global_step_s), ("forward_s", float(fw.max())),
+                       ("backward_end_s", float(bend.max())), ("comm_end_s", stream.comm_end_s)):  # fmt: skip
             self.steps[key][t] = v
         self.clock += global_step_s
+
+    def _own_phases(self, rec: int) -> tuple[np.ndarray, ...] | None:
+        """(forward, backward, optimizer, local) seconds per rank of recorded step ``rec`` when the
+        workload carries every rank's own times (a replay), else None (nominal times x jitter)."""
+        w, p = self.workload, self.world_size
+        ph = w.phases_by_rank
+        if ph is None or ph.shape[1] != p or not self.per_rank_k:
+            return None
+        local = w.local_s_by_rank[rec] if w.local_s_by_rank is not None and w.local_s_by_rank.shape[1] == p else np.zeros(p)
+        return ph[rec, :, 0], ph[rec, :, 1], ph[rec, :, 2], local
 
     def _stream(self, lay: PlanLayout, gate: np.ndarray, op_k: np.ndarray, step: int) -> _Stream:
         """The step's ops one after another on one stream (see the module docstring)."""
         cfg, costs = self.config, self.costs
         tallies = [WireTally() for _ in range(op_k.shape[0])]
         cur = comm_s = 0.0
+        issued: list[tuple[int, float, float]] = []  # (op index, start, end)
         for j, op in enumerate(lay.ops):
             if op.kind == OpKind.SPARSE_GATHER:
                 ks = op_k[:, j]
@@ -232,8 +267,9 @@ class _Run:
                 kind, cost = _SPARSE, costs.sparse(b0.wire_size_bytes)
             start = max(float(gate[j]), cur)
             _span(self.spans, step, op.bucket, kind, start, start + cost, b0.wire_size_bytes)
+            issued.append((j, start, start + cost))
             cur, comm_s = start + cost, comm_s + cost
-        return _Stream(comm_end_s=cur, comm_s=comm_s, tallies=tallies)
+        return _Stream(comm_end_s=cur, comm_s=comm_s, tallies=tallies, issued=issued)
 
     def result(self, *, label: str) -> SimResult:
         cfg, plan = self.config, self.plan

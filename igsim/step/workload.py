@@ -40,6 +40,14 @@ class Workload:
       one row per rank, when it simulates R ranks: a replay of that run.
     - ``forward_s`` / ``backward_s`` / ``optimizer_s``: float arrays [T], seconds (summed over the
       step's micro-batches).
+    - ``phases_by_rank``: float array [T, R, 3] of each rank's own forward / backward / optimizer
+      seconds in a run of its own, or None. With ``k_by_rank`` (a replay) the engine runs every rank
+      on its own times: the ranks reach each collective when they do, the last one gates it, and
+      the early ones wait (as they did in the run).
+    - ``local_s_by_rank``: float array [T, R] of each rank's CPU work around its collectives that is
+      neither compute nor communication (the Synchronizer's selection, packing, decisions and
+      scatter: the runtime's ``sync_s - comm_s``), or None (0). An input like compute: a replay
+      takes it from the run's metrics. The engine puts it between backward and the first collective.
     - ``grad_accum_steps``: A micro-batches per step; ``ready_s`` is then measured from the start of
       the last backward pass, the only one that communicates (see :meth:`ready_since_backward`).
     - ``source``: where it came from (informational).
@@ -54,6 +62,8 @@ class Workload:
     k: np.ndarray | None = None
     k_density: float | None = None
     k_by_rank: np.ndarray | None = None
+    phases_by_rank: np.ndarray | None = None
+    local_s_by_rank: np.ndarray | None = None
     grad_accum_steps: int = 1
     source: dict[str, Any] = field(default_factory=dict)
 
@@ -90,6 +100,18 @@ class Workload:
             if kr.ndim != 3 or kr.shape[0] != T or kr.shape[2] != P or np.any(kr < 0):
                 raise ValueError(f"workload {self.name!r}: k_by_rank must be [{T}, R, {P}] counts >= 0, got {kr.shape}")
             object.__setattr__(self, "k_by_rank", kr.astype(np.int64))
+        for name, width in (("phases_by_rank", 3), ("local_s_by_rank", None)):
+            arr = getattr(self, name)
+            if arr is None:
+                continue
+            arr = np.asarray(arr, dtype=np.float64)
+            want = 3 if width else 2
+            if arr.ndim != want or arr.shape[0] != T or (width and arr.shape[2] != width):
+                shape = f"[{T}, R, 3]" if width else f"[{T}, R]"
+                raise ValueError(f"workload {self.name!r}: {name} must have shape {shape}, got {arr.shape}")
+            if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+                raise ValueError(f"workload {self.name!r}: {name} must be finite and >= 0")
+            object.__setattr__(self, name, arr)
         if int(self.grad_accum_steps) < 1:
             raise ValueError(f"workload {self.name!r}: grad_accum_steps must be >= 1")
         names = [p.name for p in self.params]
@@ -138,7 +160,8 @@ class Workload:
         A training run's own trace (``igrt train --record-trace``, ``manifest.extra["k"] == "sent"``)
         holds what each rank sent, 0 where a parameter held: its ``k`` is not a selection at the
         recorded density, so ``k`` is left None (nominal sizes) unless ``per_rank_k``, which puts
-        each rank's counts in ``k_by_rank`` (a replay of that run).
+        each rank's counts in ``k_by_rank`` and each rank's own phase times in ``phases_by_rank``
+        (a replay of that run).
 
         ``window=(a, b)`` keeps recorded steps a <= step < b. Steps where a parameter has no row
         (NaN mean) take that parameter's mean over the other steps; parameters with no row at all
@@ -173,7 +196,9 @@ class Workload:
         sent = manifest.extra.get("k") == RUN_TRACE_K
         k = None if sent else _series_matrix(trace.per_param_series("k"), names, what="k", where=directory)
         k_by_rank = np.nan_to_num(trace.per_rank_matrix("k", names), nan=0.0) if per_rank_k else None
-        fwd, bwd, opt = _phase_times(trace.step_times(), ready.shape[0])
+        times = trace.step_times()
+        fwd, bwd, opt = _phase_times(times, ready.shape[0])
+        phases = _phases_by_rank(times, (fwd, bwd, opt)) if per_rank_k else None
         return cls(
             name=name or manifest.workload or Path(directory).name,
             params=params,
@@ -181,6 +206,7 @@ class Workload:
             k=k,
             k_density=None if sent else float(manifest.density),
             k_by_rank=k_by_rank,
+            phases_by_rank=phases,
             grad_accum_steps=int(manifest.grad_accum_steps),
             forward_s=fwd,
             backward_s=bwd,
@@ -225,6 +251,17 @@ def _phase_times(times: Any, T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
         fill = float(np.nanmean(arr)) if np.isfinite(arr).any() else 0.0
         out.append(np.maximum(np.where(np.isfinite(arr), arr, fill), 0.0))
     return out[0], out[1], out[2]
+
+
+def _phases_by_rank(times: Any, means: tuple[np.ndarray, ...]) -> np.ndarray:
+    """[T, R, 3] forward / backward / optimizer seconds per rank; a missing value takes the step's
+    mean over ranks (``means``)."""
+    cols = []
+    for col, mean in zip(("forward_s", "backward_s", "optimizer_s"), means):
+        arr = np.asarray(getattr(times, col), dtype=np.float64)
+        arr = arr.reshape(arr.shape[0], -1)
+        cols.append(np.maximum(np.where(np.isfinite(arr), arr, mean[:, None]), 0.0))
+    return np.stack(cols, axis=2)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -101,15 +101,35 @@ def load_run(run_dir: str | Path) -> RunInputs:
 
 
 def run_workload(inputs: RunInputs, *, complete_prefix: bool = False):
-    """The run's own workload: its compute and readiness (means over ranks), and per-rank sent k
-    (``complete_prefix``: of the steps before the trace's first incomplete one)."""
+    """The run's own workload: every rank's own compute, readiness (means over ranks), per-rank sent
+    k (``complete_prefix``: of the steps before the trace's first incomplete one) and, under the
+    sync integration, every rank's local sync work from its metrics (:func:`local_sync_s`)."""
     from igsim.step.workload import Workload
 
     w = Workload.from_trace(inputs.directory / "trace", per_rank_k=True, complete_prefix=complete_prefix)
     if w.k_by_rank.shape[1] != inputs.world_size:
         got = w.k_by_rank.shape[1]
         raise _fail(inputs.directory / "trace", f"{got} ranks recorded, the run had {inputs.world_size}")
-    return w
+    local = local_sync_s(inputs, w.num_recorded_steps)
+    return dataclasses.replace(w, local_s_by_rank=local) if local is not None else w
+
+
+def local_sync_s(inputs: RunInputs, num_steps: int) -> np.ndarray | None:
+    """[T, R] seconds of each rank's Synchronizer work that is neither compute nor a collective
+    (selection, packing, decisions, scatter: ``x_sync_s - comm_s`` of its metrics rows), under the
+    sync integration; None otherwise (under ddp-hook that work runs inside backward, in the trace's
+    backward time). CPU work the simulator takes as input, like compute."""
+    if inputs.integration != "sync":
+        return None
+    rows = [r for r in inputs.measured if "x_sync_s" in r and int(r["step"]) < num_steps]
+    if not rows:
+        return None
+    out = np.zeros((num_steps, inputs.world_size))
+    for r in rows:
+        rank = int(r["rank"])
+        if 0 <= rank < inputs.world_size:
+            out[int(r["step"]), rank] = max(0.0, float(r["x_sync_s"]) - float(r["comm_s"]))
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,22 +5,26 @@
 
     trace/                 a gradient trace of the workload (igrt record, loopback), for the plan
     plan.json              the SyncPlan profiled from it (igsim profile)
-    real_<policy>/         igrt train's output with its own trace (metrics.csv, summary.json, trace/, ops.csv)
+    real_<label>/          igrt train's output with its own trace (metrics.csv, summary.json, trace/, ops.csv);
+                           label: the policy, ``importance-R<k>`` for a release period, ``-ddp-hook``
+                           for the DDP-hook integration (``igrt.cli.validate.StepRun``)
 
 :func:`simulate_runs` replays each run with :func:`igsim.studies.replay.replay_run` (its own config,
 plan, integration, compute and sent counts) on the testbed topology with the fitted calibration,
-and requires exact bytes and ops; :func:`compare_steps` compares, per policy, the
+and requires exact bytes and ops; :func:`compare_steps` compares, per run, the
 mean over steps (after ``skip_steps``) of
 
-- ``comm_s`` as measured: the mean over ranks, and the minimum over ranks. A rank that reaches a
-  collective early waits for the others' compute, and that wait counts as communication; the rank
-  that arrives last waits only for the network, so the minimum is the network's share;
+- ``comm_s``, measured and predicted: the mean over ranks, and the minimum over ranks, each against
+  its like. A rank that reaches a collective early waits for the others' compute, and that wait
+  counts as communication; the replay runs every rank with its own recorded compute, so it
+  predicts those waits too. The rank that arrives last waits only for the network, so the minimum
+  is the network's share;
 - ``step_s`` (the slowest rank's step);
 - bytes on the wire (must agree exactly: both sides make the same decisions).
 
 and reports the error of the predicted ``comm_s`` against each and of the predicted step time (the
 slowest rank's completion on both sides: a step ends when its last rank does), their mean absolute
-value over policies, and the Kendall tau of the policies ranked by step time and by communication
+value over runs, and the Kendall tau of the runs ranked by step time and by communication
 time.
 
 Honest edges: :func:`range_flags` names what puts a run outside the range the model was validated
@@ -70,7 +74,7 @@ def read_metrics(path: str | Path) -> list[dict[str, float]]:
 def simulate_runs(
     steps_dir: str | Path, *, topology: Topology, calibration: Calibration
 ) -> dict[str, tuple[list[dict[str, float]], list[dict[str, Any]]]]:
-    """For every ``real_<policy>`` run in ``steps_dir``: (measured rows, predicted rows), from
+    """For every ``real_<label>`` run in ``steps_dir``, by label: (measured rows, predicted rows), from
     :func:`igsim.studies.replay.replay_run` — the run's own trace, plan and integration (so each run
     must have been trained with ``--record-trace``). Raises ValueError when a replay's bytes or ops
     do not agree exactly with the run (the comparison of times would be about different steps)."""
@@ -89,7 +93,7 @@ def simulate_runs(
                 f"{run}: the replay does not execute the run's steps (bytes exact: {s['bytes_exact']}, "
                 f"ops exact: {s['ops_exact']}; first mismatches {s['byte_mismatches'][:2]})"
             )
-        out[s["policy"]] = (rep.measured, rep.predicted)
+        out[run.name[len("real_") :]] = (rep.measured, rep.predicted)
     return out
 
 
@@ -123,13 +127,13 @@ def range_flags(summary: Mapping[str, Any]) -> list[str]:
 
 
 def run_flags(steps_dir: str | Path) -> dict[str, list[str]]:
-    """:func:`range_flags` of every ``real_<policy>`` run in ``steps_dir``, by policy."""
+    """:func:`range_flags` of every ``real_<label>`` run in ``steps_dir``, by label."""
     import json
 
     out = {}
     for run in sorted(p for p in Path(steps_dir).glob("real_*") if p.is_dir()):
         summary = json.loads((run / "summary.json").read_text())
-        out[str(summary.get("config", {}).get("policy", run.name[5:]))] = range_flags(summary)
+        out[run.name[len("real_") :]] = range_flags(summary)
     return out
 
 
@@ -146,8 +150,8 @@ def compare_steps(
     skip_steps: int = 1,
     flags: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
-    """Per policy and overall (see the module docstring). Steps below ``skip_steps`` are left out;
-    only steps present on both sides count; ``flags`` (policy -> reasons, :func:`run_flags`) marks
+    """Per run (by label) and overall (see the module docstring). Steps below ``skip_steps`` are
+    left out; only steps present on both sides count; ``flags`` (label -> reasons, :func:`run_flags`) marks
     runs outside the validated range. JSON-ready."""
     flags = flags or {}
     policies: dict[str, Any] = {}
@@ -155,6 +159,7 @@ def compare_steps(
         real_min = _per_step(real, "comm_s", min)
         real_mean = _per_step(real, "comm_s", statistics.mean)
         sim_comm = _per_step(sim, "comm_s", statistics.mean)
+        sim_min = _per_step(sim, "comm_s", min)
         steps = sorted(s for s in real_min if s >= skip_steps and s in sim_comm)
         if not steps:
             raise ValueError(f"policy {policy}: no step >= {skip_steps} in both the run and the replay")
@@ -162,13 +167,16 @@ def compare_steps(
         def mean(d: Mapping[int, float], steps: list[int] = steps) -> float:
             return float(statistics.mean(d[s] for s in steps))
 
-        m_min, m_mean, p = mean(real_min), mean(real_mean), mean(sim_comm)
+        m_min, m_mean, p, p_min = mean(real_min), mean(real_mean), mean(sim_comm), mean(sim_min)
         policies[policy] = {
             "steps": len(steps),
             "measured_comm_min_over_ranks_s": m_min,
             "measured_comm_mean_over_ranks_s": m_mean,
             "predicted_comm_s": p,
-            "error_vs_min": (p - m_min) / m_min if m_min else math.nan,
+            "predicted_comm_min_over_ranks_s": p_min,
+            # like for like: the replay runs every rank with its own recorded compute, so it
+            # predicts the waits of early ranks too; min against min, mean against mean
+            "error_vs_min": (p_min - m_min) / m_min if m_min else math.nan,
             "error_vs_mean": (p - m_mean) / m_mean if m_mean else math.nan,
             "measured_step_s": mean(_per_step(real, "step_s", max)),
             "predicted_step_s": mean(_per_step(sim, "step_s", max)),
@@ -198,25 +206,29 @@ def compare_steps(
             [v["measured_step_s"] for v in vals], [v["predicted_step_s"] for v in vals]
         )
         out["kendall_tau_comm"] = kendall_tau(
-            [v["measured_comm_min_over_ranks_s"] for v in vals], [v["predicted_comm_s"] for v in vals]
+            [v["measured_comm_min_over_ranks_s"] for v in vals],
+            [v.get("predicted_comm_min_over_ranks_s", v["predicted_comm_s"]) for v in vals],
         )
     return out
 
 
 def format_steps(report: Mapping[str, Any]) -> str:
-    """The step comparison as a plain-text table (times in ms)."""
+    """The step comparison as a plain-text table (times in ms): communication of the last-arriving
+    rank and of the mean rank, measured / predicted / error each, then the step time."""
+    width = max([12, *(len(k) for k in report["policies"])])
     lines = [
-        f"{'policy':12s} {'steps':>5s} {'comm min':>10s} {'comm mean':>10s} {'predicted':>10s} {'err(min)':>9s} "
-        f"{'err(mean)':>9s} {'step ms':>9s} {'pred step':>9s} {'err step':>9s} {'bytes ok':>8s}"
+        f"{'run':{width}s} {'steps':>5s} {'comm last':>10s} {'predicted':>10s} {'err':>7s} {'comm mean':>10s} "
+        f"{'predicted':>10s} {'err':>7s} {'step ms':>9s} {'predicted':>9s} {'err':>7s} {'bytes ok':>8s}"
     ]
     flagged = []
     for policy, v in report["policies"].items():
         same = math.isclose(v["measured_wire_bytes"], v["predicted_wire_bytes"], rel_tol=1e-9)
+        p_min = v.get("predicted_comm_min_over_ranks_s", v["predicted_comm_s"])
         lines.append(
-            f"{policy:12s} {v['steps']:5d} {v['measured_comm_min_over_ranks_s'] * 1e3:10.2f} "
-            f"{v['measured_comm_mean_over_ranks_s'] * 1e3:10.2f} {v['predicted_comm_s'] * 1e3:10.2f} "
-            f"{v['error_vs_min']:+9.1%} {v['error_vs_mean']:+9.1%} {v['measured_step_s'] * 1e3:9.1f} "
-            f"{v['predicted_step_s'] * 1e3:9.1f} {v.get('step_error', math.nan):+9.1%} {'yes' if same else 'NO':>8s}"
+            f"{policy:{width}s} {v['steps']:5d} {v['measured_comm_min_over_ranks_s'] * 1e3:10.2f} "
+            f"{p_min * 1e3:10.2f} {v['error_vs_min']:+7.1%} {v['measured_comm_mean_over_ranks_s'] * 1e3:10.2f} "
+            f"{v['predicted_comm_s'] * 1e3:10.2f} {v['error_vs_mean']:+7.1%} {v['measured_step_s'] * 1e3:9.1f} "
+            f"{v['predicted_step_s'] * 1e3:9.1f} {v.get('step_error', math.nan):+7.1%} {'yes' if same else 'NO':>8s}"
             + (" *" if v.get("outside_range") else "")
         )
         if v.get("outside_range"):
@@ -227,13 +239,13 @@ def format_steps(report: Mapping[str, Any]) -> str:
     lines += flagged
     over = report.get("means_over", "all runs")
     lines.append(
-        f"over {over}: comm per step, mean |error| {report['mean_abs_error_vs_min']:.1%} (vs the last-arriving "
-        f"rank), {report['mean_abs_error_vs_mean']:.1%} (vs the mean rank); step time "
+        f"over {over}: comm per step, mean |error| {report['mean_abs_error_vs_min']:.1%} (last-arriving "
+        f"rank), {report['mean_abs_error_vs_mean']:.1%} (mean rank); step time "
         f"{report.get('mean_abs_step_error', math.nan):.1%}; target 10%"
     )
     if "kendall_tau_step" in report:
         lines.append(
-            f"Kendall tau of policies: by step time {report['kendall_tau_step']:.3f}, by communication time "
+            f"Kendall tau of the runs: by step time {report['kendall_tau_step']:.3f}, by communication time "
             f"{report['kendall_tau_comm']:.3f} (target 0.9)"
         )
     return "\n".join(lines)
