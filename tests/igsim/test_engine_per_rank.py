@@ -1,0 +1,73 @@
+"""The step engine on every rank's own recorded times (a replay): the last rank to reach a collective
+gates it, the early ranks' waits count as their communication (as the runtime times it), and the
+local sync work sits between backward and the first collective."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from igpolicy.config import PolicyConfig
+from igsim.net.topology import star
+from igsim.step.engine import simulate
+from igsim.step.workload import Workload
+from tests.igsim.test_engine import make_params, make_workload
+
+P = 3
+
+
+def _replay_workload(phases: np.ndarray, local: np.ndarray | None, k: int = 50) -> Workload:
+    params = make_params(num_layers=1, hidden=16)
+    w = make_workload(params, T=phases.shape[0])
+    k_by_rank = np.full((phases.shape[0], P, len(params)), k, dtype=np.int64)
+    return dataclasses.replace(w, k_by_rank=k_by_rank, phases_by_rank=phases, local_s_by_rank=local)
+
+
+def _sim(w: Workload, integration: str = "sync"):
+    cfg = PolicyConfig(policy="topk", density=0.05)
+    topo = star(num_ranks=P, bandwidth_bytes_per_s=1e6, latency_s=1e-4)
+    return simulate(workload=w, config=cfg, plan=None, topology=topo, num_steps=w.num_recorded_steps,
+                    integration=integration)  # fmt: skip
+
+
+def _col(res, name):
+    return np.asarray(res.columns[name], dtype=float)
+
+
+def test_the_last_rank_gates_and_the_early_ones_wait():
+    # rank 2 computes 0.3 s longer; rank 1 has 0.05 s more local sync work
+    phases = np.array([[[0.1, 0.2, 0.01], [0.1, 0.2, 0.02], [0.2, 0.4, 0.03]]])
+    local = np.array([[0.0, 0.05, 0.0]])
+    res = _sim(_replay_workload(phases, local))
+    comm, step, compute = _col(res, "comm_s"), _col(res, "step_s"), _col(res, "compute_s")
+    net = float(np.sum(res.spans["end_s"] - res.spans["start_s"]))  # the stream's busy time
+    arrive = np.array([0.3, 0.35, 0.6])  # forward + backward + local
+    comm_end = float(res.spans["end_s"].max())
+    assert comm_end == pytest.approx(arrive.max() + net)  # nothing starts before the last rank
+    assert comm[2] == pytest.approx(net)  # the last to arrive waits only for the network
+    assert comm == pytest.approx(comm_end - arrive)  # the others wait for it too
+    assert step == pytest.approx(comm_end + phases[0, :, 2])
+    assert compute == pytest.approx(phases[0].sum(axis=1))
+
+
+def test_equal_ranks_give_the_network_time_and_no_local_work_changes_nothing():
+    phases = np.tile(np.array([[0.1, 0.2, 0.01]]), (2, P, 1))
+    res = _sim(_replay_workload(phases, None))
+    comm = _col(res, "comm_s").reshape(2, P)
+    per_step_net = [
+        float(np.sum((res.spans["end_s"] - res.spans["start_s"])[res.spans["step"] == t])) for t in (0, 1)
+    ]
+    assert comm == pytest.approx(np.array(per_step_net)[:, None] * np.ones((1, P)))
+    # without per-rank phases the same workload runs on its mean times: the same answer
+    plain = dataclasses.replace(_replay_workload(phases, None), phases_by_rank=None)
+    assert _col(_sim(plain), "step_s") == pytest.approx(_col(res, "step_s"))
+
+
+def test_bad_per_rank_shapes_are_refused():
+    phases = np.ones((1, P, 3))
+    with pytest.raises(ValueError, match="phases_by_rank must have shape"):
+        _replay_workload(phases[:, :, :2], None)
+    with pytest.raises(ValueError, match="local_s_by_rank must be finite"):
+        _replay_workload(phases, np.array([[0.0, -1.0, 0.0]]))
