@@ -46,11 +46,13 @@ from igrt.testbed import netmeasure
 __all__ = [
     "INTEGRATIONS",
     "POLICIES",
+    "SUITE_TESTBEDS",
     "StepRun",
     "add_arguments",
     "parse_step_runs",
     "plan_cases",
     "run",
+    "run_suite",
     "spec_from_args",
     "train_on_testbed",
 ]
@@ -144,6 +146,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="step validation: examples per rank (default: the workload's)",
     )
+    g = p.add_argument_group("the whole validation in one command (--suite)")
+    g.add_argument(
+        "--suite",
+        action="store_true",
+        help="every testbed of --testbeds in --rounds rounds (collectives; round A's calibration predicts "
+        "the later rounds, and so does the shipped default), then with --steps the step validation on the "
+        "4-rank star at every --step-rates rate; one summary table (DIR/suite.json)",
+    )
+    g.add_argument(
+        "--testbeds",
+        default=",".join(SUITE_TESTBEDS),
+        help=f"--suite: testbeds among {', '.join(SUITE_TESTBEDS)} (default all)",
+    )
+    g.add_argument("--rounds", type=int, default=2, help="--suite: measurements of every testbed (default 2)")
+    g.add_argument(
+        "--step-rates",
+        default="25Mbit,100Mbit",
+        help="--suite --steps: star link rates of the step validation",
+    )
+
+
+#: the testbeds of ``--suite``: igrt validate flags of each (the ring is 3 ranks, the others 4)
+SUITE_TESTBEDS = {
+    "star": ["--ranks", "4"],
+    "two-level": ["--ranks", "4", "--two-level"],
+    "hetero": ["--ranks", "4", "--hetero"],
+    "ring": ["--ranks", "3", "--ring"],
+}
 
 
 def _bottleneck_bytes_per_s(spec: testbed.TestbedSpec) -> float:
@@ -354,7 +384,137 @@ def measure_on_testbed(
     }
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1%}"
+
+
+def _summary_row(name: str, kind: str, report: dict[str, Any]) -> dict[str, Any]:
+    c = report["collectives_large"]
+    return {
+        "run": name,
+        "predicted_with": kind,
+        "cases": c["num_cases"],
+        "mean": c["mape"],
+        "worst": c["worst_error"],
+        "worst_case": c["worst_case"],
+        "meets_mean": bool(c["meets_mean"]),
+        "meets_worst": bool(c["meets_worst"]),
+        "flags": report.get("flags", []),
+        "load": (report.get("machine") or {}).get("load_average_after", [None])[0],
+    }
+
+
+def run_suite(args: argparse.Namespace) -> int:
+    """``igrt validate --suite``: the whole validation, one ``igrt validate`` / igsim subprocess per
+    part, every part in its own folder of ``--out``; prints and writes the summary (suite.json)."""
+    testbeds = [t.strip() for t in args.testbeds.split(",") if t.strip()]
+    bad = [t for t in testbeds if t not in SUITE_TESTBEDS]
+    if bad or not testbeds:
+        raise ValueError(f"--testbeds: {bad or 'none'} not among {', '.join(SUITE_TESTBEDS)}")
+    if args.rounds < 1:
+        raise ValueError(f"--rounds {args.rounds} must be >= 1")
+    step_rates = [r.strip() for r in args.step_rates.split(",") if r.strip()] if args.steps else []
+    parse_step_runs(args.policies, args.integrations)  # bad names fail before anything runs
+    out = Path(args.out)
+    claim_out(out, overwrite=args.overwrite, reuse=False)
+    common = [
+        "--queue-ms",
+        f"{args.queue_ms:g}",
+        "--warmup",
+        str(args.warmup),
+        "--timeout-s",
+        f"{args.timeout_s:g}",
+    ]
+    common += ["--quick"] if args.quick else []
+    common += ["--reps", str(args.reps)] if args.reps else []
+    common += ["--interleave"] if args.interleave else []
+    rounds = [chr(ord("A") + i) for i in range(args.rounds)]
+    parts = [
+        (f"{r}-{tb}", [*SUITE_TESTBEDS[tb], "--bandwidth", args.rate]) for r in rounds for tb in testbeds
+    ]
+    step_args = [
+        "--workload",
+        args.workload,
+        "--policies",
+        args.policies,
+        "--integrations",
+        args.integrations,
+    ]
+    step_args += ["--tiny"] if args.tiny else []
+    step_args += ["--batch-size", str(args.batch_size)] if args.batch_size else []
+    parts += [
+        (
+            f"steps-{rate}",
+            [*SUITE_TESTBEDS["star"], "--bandwidth", rate, "--steps", str(args.steps), *step_args],
+        )
+        for rate in step_rates
+    ]
+    t0 = time.time()
+    for i, (name, extra) in enumerate(parts, 1):
+        print(
+            f"igrt validate --suite: [{i}/{len(parts)}] {name} ({time.time() - t0:.0f} s so far)", flush=True
+        )
+        cmd = [sys.executable, "-m", "igrt", "validate", *extra, *common, "--out", str(out / name)]
+        _subprocess(cmd, what=f"igrt validate ({name})")
+    rows, steps = [], {}
+    for name, _ in parts:
+        report = json.loads((out / name / "report.json").read_text())
+        if name.startswith("steps-"):
+            steps[name] = report["steps"]
+        else:
+            rows.append(_summary_row(name, "its own fit", report))
+    for tb in testbeds:  # round A's fit, and the shipped default, predict every later round
+        first = out / f"{rounds[0]}-{tb}"
+        for r in rounds[1:]:
+            later = out / f"{r}-{tb}"
+            for kind, cal, sub in ((f"{rounds[0]}'s fit", str(first / "calibration.json"), "transfer"),
+                                   ("the shipped default", "default", "shipped-default")):  # fmt: skip
+                cmd = [sys.executable, "-m", "igsim.cli.validate_report", str(later / "measurements.json"),
+                       "--calibration", cal, "--out", str(later / sub)]  # fmt: skip
+                proc = subprocess.run(
+                    cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+                )
+                if proc.returncode != 0:
+                    raise ValueError(
+                        f"the igsim side failed (exit {proc.returncode}): {shlex.join(cmd)}\n{proc.stderr[-2000:]}"
+                    )
+                rows.append(
+                    _summary_row(f"{r}-{tb}", kind, json.loads((later / sub / "report.json").read_text()))
+                )
+    print(format_suite(rows, steps))
+    wall = time.time() - t0
+    (out / "suite.json").write_text(
+        json.dumps({"collectives": rows, "steps": steps, "wall_s": wall}, indent=1) + "\n"
+    )
+    print(f"igrt validate --suite: {len(parts)} parts in {wall:.0f} s -> {out / 'suite.json'}")
+    return 0
+
+
+def format_suite(rows: list[dict[str, Any]], steps: dict[str, Any]) -> str:
+    """The suite's summary: collectives >= 256 KiB per run and calibration, then each step run set."""
+    lines = [
+        "collectives >= 256 KiB (targets: mean |error| 5%, worst 10%)",
+        f"{'run':14s} {'predicted with':20s} {'cases':>5s} {'mean':>6s} {'worst':>7s}  {'mean/worst':14s} worst case",
+    ]
+    for r in rows:
+        met = f"{'met' if r['meets_mean'] else 'MISSED'}/{'met' if r['meets_worst'] else 'MISSED'}"
+        lines.append(
+            f"{r['run']:14s} {r['predicted_with']:20s} {r['cases']:5d} {r['mean']:6.1%} {_pct(r['worst']):>7s}  "
+            f"{met:14s} {r['worst_case']}" + ("  (flagged)" if r["flags"] else "")
+        )
+    for name, rep in steps.items():
+        lines.append(
+            f"\n{name}: {len(rep['policies'])} runs; comm per step mean |error| {rep['mean_abs_error_vs_min']:.1%} "
+            f"(last-arriving rank), {rep['mean_abs_error_vs_mean']:.1%} (mean rank); step time "
+            f"{rep['mean_abs_step_error']:.1%} (target 10%); Kendall tau by step time "
+            f"{rep.get('kendall_tau_step', float('nan')):.3f} (target 0.9); over {rep['means_over']}"
+        )
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.suite:
+        return run_suite(args)
     spec = spec_from_args(args)
     reps = args.reps or (3 if args.quick else 7)
     if reps < 1 or args.warmup < 0 or args.steps < 0:

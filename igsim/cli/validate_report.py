@@ -59,7 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--calibration",
         default=None,
         metavar="FILE",
-        help="predict with this calibration (igsim calibrate) instead of fitting one: every case is out of sample",
+        help="predict with this calibration (igsim calibrate; 'default': the shipped testbed calibration) "
+        "instead of fitting one: every case is out of sample",
     )
     add_model_arguments(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
@@ -83,7 +84,12 @@ def run(args: argparse.Namespace) -> int:
     roles: tuple[str, ...] = (v.VALIDATION,)
     if args.calibration:
         with reading(args.calibration, "calibration"):
-            fit = v.Fit.from_calibration(Calibration.load(args.calibration))
+            cal = (
+                Calibration.testbed_default()
+                if args.calibration == "default"
+                else Calibration.load(args.calibration)
+            )
+            fit = v.Fit.from_calibration(cal)
         roles = (v.CALIBRATION, v.VALIDATION)
     else:
         fit = fit_from_args(args, cases, topo, tb)
