@@ -6,7 +6,8 @@ RUNS_DIR (default: ``runs/`` next to this file) holds ``igrt validate`` measurem
 ``<round>-<testbed>-q<queue ms>`` (round A, B, C: three times; C under an extra busy loop). Prints
 (1) the model/testbed changes, one row per testbed and step, errors over the collectives >= 256
 KiB (sparse gathers included) of each run's validation cases, with the run's own fit; (2) the
-transfer table: the calibration fitted on round A predicts every case of rounds B and C.
+transfer table: the calibration fitted on round A predicts every case of rounds B and C; and, from
+``steps/<run>/report.json`` (``igrt validate --steps``), the step-level tables.
 """
 
 from __future__ import annotations
@@ -133,8 +134,41 @@ def cross_table(runs: Path, *, rounds: tuple[str, str, str] = ("A", "B", "C")) -
     return "\n".join(lines)
 
 
+def step_table(report_path: Path) -> str:
+    """The step-level table of one ``igrt validate --steps`` run (its ``report.json``): per training
+    run, communication of the last-arriving and of the mean rank and the step time (slowest rank),
+    measured / predicted / error, and bytes per step and rank (real = sim)."""
+    import json
+    import math
+
+    rep = json.loads(report_path.read_text())["steps"]
+    out = [
+        "| run | comm, last rank: measured / predicted (ms) | error | comm, mean rank: measured / predicted (ms) | error "
+        "| step: measured / predicted (ms) | error | bytes/step/rank (real = sim) |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, r in rep["policies"].items():
+        same = math.isclose(r["measured_wire_bytes"], r["predicted_wire_bytes"], rel_tol=1e-9)
+        out.append(
+            f"| {name} | {r['measured_comm_min_over_ranks_s'] * 1e3:.1f} / {r['predicted_comm_min_over_ranks_s'] * 1e3:.1f} "
+            f"| {r['error_vs_min']:+.1%} | {r['measured_comm_mean_over_ranks_s'] * 1e3:.1f} / {r['predicted_comm_s'] * 1e3:.1f} "
+            f"| {r['error_vs_mean']:+.1%} | {r['measured_step_s'] * 1e3:.0f} / {r['predicted_step_s'] * 1e3:.0f} "
+            f"| {r['step_error']:+.1%} | {r['measured_wire_bytes']:.0f} ({'yes' if same else 'NO'}) |"
+        )
+    out.append(
+        f"\nOver {rep['means_over']} ({len(rep['policies'])}): mean |error| of comm per step "
+        f"{rep['mean_abs_error_vs_min']:.1%} (last rank), {rep['mean_abs_error_vs_mean']:.1%} (mean rank), "
+        f"step time {rep['mean_abs_step_error']:.1%}; Kendall τ by step time {rep['kendall_tau_step']:.3f}, "
+        f"by communication time {rep['kendall_tau_comm']:.3f}."
+    )
+    return "\n".join(out)
+
+
 def main(argv: list[str]) -> int:
     runs = Path(argv[0]) if argv else Path(__file__).parent / "runs"
+    for rep in sorted((Path(__file__).parent / "steps").glob("*/report.json")):
+        print(f"## training steps: {rep.parent.name}\n")
+        print(step_table(rep) + "\n")
     print("## model and testbed changes (each run's own fit, validation cases)\n")
     print(model_table(runs))
     print("\n## transfer (fit on round A, every case of B and C out of sample)\n")

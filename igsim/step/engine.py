@@ -198,9 +198,15 @@ class _Run:
         else:  # every rank on its own recorded times; the last to reach an op gates it
             fw, bw, op_s, local = own
             scale = bw / b if b > 0 else np.ones(len(bw))
-            rank_gates = np.stack([
-                lay.op_gate_s(fw[r] + scale[r] * ready + local[r], fw[r] + bw[r] + local[r]) for r in range(len(fw))
-            ])  # fmt: skip
+            if self.integration == "ddp-hook":  # the hooks select inside backward, before each launch
+                rank_gates = np.stack([
+                    lay.op_gate_s(fw[r] + scale[r] * ready, fw[r] + bw[r]) for r in range(len(fw))
+                ]) + local[:, None] * _select_shares(lay)[None, :]  # fmt: skip
+                local = np.zeros(len(fw))  # already in backward's time
+            else:
+                rank_gates = np.stack([
+                    lay.op_gate_s(fw[r] + scale[r] * ready + local[r], fw[r] + bw[r] + local[r]) for r in range(len(fw))
+                ])  # fmt: skip
             gate = rank_gates.max(axis=0) if len(lay.ops) else np.zeros(0)
         k = self.k_matrix[rec]  # [P] or [R, P]
         k_rows = k if k.ndim == 2 else k[None, :]
@@ -298,6 +304,18 @@ class _Run:
                 "collective_costs": self.costs.methods(),
             },
         )
+
+
+def _select_shares(lay: PlanLayout) -> np.ndarray:
+    """Per op, its share of the step's selection work, done after its bucket is ready and before it
+    is launched, in proportion to the entries its hook scans (sparse gathers' parameters); dense ops
+    and count exchanges add nothing. Earlier hooks' work is already in the recorded readiness of
+    later gradients (the hooks run on backward's thread). [num_ops]."""
+    work = np.array(
+        [float(sum(op.param_numel)) if op.kind == OpKind.SPARSE_GATHER else 0.0 for op in lay.ops]
+    )
+    total = work.sum()
+    return work / total if total > 0 else np.zeros(len(work))
 
 
 _TALLY_FIELDS = ("values_bytes", "indices_bytes", "dense_bytes", "metadata_bytes", "num_collectives")

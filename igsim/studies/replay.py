@@ -73,7 +73,10 @@ def load_run(run_dir: str | Path) -> RunInputs:
         raise _fail(path, f"unreadable ({e})") from None
     if not isinstance(summary, dict) or summary.get("summary_format") != SUMMARY_FORMAT:
         got = summary.get("summary_format") if isinstance(summary, dict) else None
-        raise _fail(path, f"summary format {got!r}, expected {SUMMARY_FORMAT!r} (a run from another version: rerun igrt train)")
+        raise _fail(
+            path,
+            f"summary format {got!r}, expected {SUMMARY_FORMAT!r} (a run from another version: rerun igrt train)",
+        )
     if not summary.get("record_trace") or not (root / "trace").is_dir() or not (root / "ops.csv").is_file():
         raise _fail(root, "the run has no trace (trace/ and ops.csv): rerun igrt train with --record-trace")
     config = PolicyConfig.from_dict(summary["config"], where=f"{path} config")
@@ -102,8 +105,8 @@ def load_run(run_dir: str | Path) -> RunInputs:
 
 def run_workload(inputs: RunInputs, *, complete_prefix: bool = False):
     """The run's own workload: every rank's own compute, readiness (means over ranks), per-rank sent
-    k (``complete_prefix``: of the steps before the trace's first incomplete one) and, under the
-    sync integration, every rank's local sync work from its metrics (:func:`local_sync_s`)."""
+    k (``complete_prefix``: of the steps before the trace's first incomplete one) and every rank's
+    local sync work from its metrics (:func:`local_sync_s`)."""
     from igsim.step.workload import Workload
 
     w = Workload.from_trace(inputs.directory / "trace", per_rank_k=True, complete_prefix=complete_prefix)
@@ -115,20 +118,24 @@ def run_workload(inputs: RunInputs, *, complete_prefix: bool = False):
 
 
 def local_sync_s(inputs: RunInputs, num_steps: int) -> np.ndarray | None:
-    """[T, R] seconds of each rank's Synchronizer work that is neither compute nor a collective
-    (selection, packing, decisions, scatter: ``x_sync_s - comm_s`` of its metrics rows), under the
-    sync integration; None otherwise (under ddp-hook that work runs inside backward, in the trace's
-    backward time). CPU work the simulator takes as input, like compute."""
-    if inputs.integration != "sync":
-        return None
-    rows = [r for r in inputs.measured if "x_sync_s" in r and int(r["step"]) < num_steps]
+    """[T, R] seconds of each rank's local sync work (CPU work the simulator takes as input, like
+    compute), from its metrics rows:
+
+    - sync: the Synchronizer's work that is neither compute nor a collective (selection, packing,
+      decisions, scatter: ``x_sync_s - comm_s``), between backward and the first collective;
+    - ddp-hook: the hooks' selection (``x_select_s``), which runs inside backward (so in the
+      trace's backward time) but before each bucket's collective is launched;
+    - None otherwise, or when the rows lack the columns."""
+    column = {"sync": "x_sync_s", "ddp-hook": "x_select_s"}.get(inputs.integration)
+    rows = [r for r in inputs.measured if column and column in r and int(r["step"]) < num_steps]
     if not rows:
         return None
     out = np.zeros((num_steps, inputs.world_size))
     for r in rows:
         rank = int(r["rank"])
         if 0 <= rank < inputs.world_size:
-            out[int(r["step"]), rank] = max(0.0, float(r["x_sync_s"]) - float(r["comm_s"]))
+            v = float(r[column]) - (float(r["comm_s"]) if inputs.integration == "sync" else 0.0)
+            out[int(r["step"]), rank] = max(0.0, v)
     return out
 
 
@@ -149,7 +156,9 @@ class Replay:
             w = csv.DictWriter(f, fieldnames=list(self.rows[0]))
             w.writeheader()
             w.writerows(self.rows)
-        (out / "replay.json").write_text(json.dumps(self.summary, indent=2, allow_nan=False, default=str) + "\n")
+        (out / "replay.json").write_text(
+            json.dumps(self.summary, indent=2, allow_nan=False, default=str) + "\n"
+        )
         return [out / "replay.csv", out / "replay.json", self.plot(out / "replay.png")]
 
     def plot(self, path: str | Path) -> Path:
@@ -195,7 +204,10 @@ def replay_run(
             ops=[r for r in inputs.ops if int(float(r["step"])) < n],
         )
     if steps != list(range(len(steps))) or len(steps) != workload.num_recorded_steps:
-        raise _fail(inputs.directory, f"metrics.csv steps {steps[:3]}.. do not match the trace's {workload.num_recorded_steps}")
+        raise _fail(
+            inputs.directory,
+            f"metrics.csv steps {steps[:3]}.. do not match the trace's {workload.num_recorded_steps}",
+        )
     nominal_topology = topology is None and calibration is None
     if topology is None:
         topology = star(num_ranks=inputs.world_size, bandwidth_bytes_per_s=1.25e9, latency_s=25e-6)
@@ -212,7 +224,9 @@ def replay_run(
     rep = _compare(inputs, predicted, result, steps)
     rep.summary["truncated_at"] = truncated_at
     if truncated_at is not None:
-        rep.summary["note"] += f"; the trace is incomplete: replayed its complete prefix, steps 0..{len(steps) - 1}"
+        rep.summary["note"] += (
+            f"; the trace is incomplete: replayed its complete prefix, steps 0..{len(steps) - 1}"
+        )
     if nominal_topology:
         rep.summary["note"] += (
             "; the topology is a nominal 10 Gbit/s star, not the machine the run used: pass a fitted "
@@ -253,7 +267,15 @@ def _compare(inputs: RunInputs, predicted: list[dict], result, steps: list[int])
     for s in steps:
         for r in ranks:
             if (s, r) not in sim or (s, r) not in real:
-                mismatches.append({"step": s, "rank": r, "field": "row", "measured": (s, r) in real, "predicted": (s, r) in sim})
+                mismatches.append(
+                    {
+                        "step": s,
+                        "rank": r,
+                        "field": "row",
+                        "measured": (s, r) in real,
+                        "predicted": (s, r) in sim,
+                    }
+                )
                 continue
             for f in BYTE_FIELDS:
                 m, p = int(float(real[s, r][f])), int(float(sim[s, r][f]))
@@ -346,12 +368,18 @@ def format_replay(rep: Replay, *, max_rows: int = 12) -> str:
     )
     b = s["sparse_sends_below_nominal_k"]
     if b["below"]:
-        lines.append(f"{b['below']} of {b['gathers']} rank payloads carried fewer pairs than their capacity: {b['why']}")
+        lines.append(
+            f"{b['below']} of {b['gathers']} rank payloads carried fewer pairs than their capacity: {b['why']}"
+        )
     for m in s["byte_mismatches"][:5]:
-        lines.append(f"  step {m['step']} rank {m['rank']} {m['field']}: measured {m['measured']}, predicted {m['predicted']}")
+        lines.append(
+            f"  step {m['step']} rank {m['rank']} {m['field']}: measured {m['measured']}, predicted {m['predicted']}"
+        )
     for f in TIME_FIELDS:
         v = s["means_after_step_0"][f]
         err = "n/a" if v["error"] is None else f"{100 * v['error']:+.1f} %"
-        lines.append(f"mean {f} (steps >= 1): measured {1e3 * v['measured']:.2f} ms, predicted {1e3 * v['predicted']:.2f} ms ({err})")
+        lines.append(
+            f"mean {f} (steps >= 1): measured {1e3 * v['measured']:.2f} ms, predicted {1e3 * v['predicted']:.2f} ms ({err})"
+        )
     lines.append(s["note"])
     return "\n".join(lines)
