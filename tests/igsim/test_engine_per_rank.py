@@ -12,6 +12,7 @@ import pytest
 from igpolicy.config import PolicyConfig
 from igsim.net.topology import star
 from igsim.step.engine import simulate
+from igsim.step.results import SPAN_KINDS
 from igsim.step.workload import Workload
 from tests.igsim.test_engine import make_params, make_workload
 
@@ -71,3 +72,18 @@ def test_bad_per_rank_shapes_are_refused():
         _replay_workload(phases[:, :, :2], None)
     with pytest.raises(ValueError, match="local_s_by_rank must be finite"):
         _replay_workload(phases, np.array([[0.0, -1.0, 0.0]]))
+
+
+def test_ddp_hook_launches_each_bucket_after_its_share_of_the_selection():
+    phases = np.array([[[0.1, 0.2, 0.01]] * P])
+    w = _replay_workload(phases, None)
+    base = _sim(w, "ddp-hook")
+    slow = _sim(dataclasses.replace(w, local_s_by_rank=np.array([[0.0, 0.0, 0.08]])), "ddp-hook")
+    gathers = base.spans["kind"] == SPAN_KINDS.index("sparse_gather")
+    assert gathers.sum() >= 1
+    # the selection is inside backward: compute does not change, the launches move later
+    assert _col(slow, "compute_s") == pytest.approx(_col(base, "compute_s"))
+    assert slow.spans["start_s"][gathers].min() > base.spans["start_s"][gathers].min()
+    moved = slow.spans["start_s"][gathers] - base.spans["start_s"][gathers]
+    assert moved.max() <= 0.08 + 1e-12  # by at most the whole selection, each by its bucket's share
+    assert float(slow.spans["end_s"].max()) >= float(base.spans["end_s"].max())
