@@ -82,14 +82,14 @@ def run(args: argparse.Namespace) -> int:
         tb, cases, raw = v.load_measurements(args.measurements)
     topo = v.testbed_topology(tb)
     roles: tuple[str, ...] = (v.VALIDATION,)
-    if args.calibration:
+    cal = None
+    if args.calibration == "default":
+        cal = Calibration.testbed_default()
+    elif args.calibration:
         with reading(args.calibration, "calibration"):
-            cal = (
-                Calibration.testbed_default()
-                if args.calibration == "default"
-                else Calibration.load(args.calibration)
-            )
-            fit = v.Fit.from_calibration(cal)
+            cal = Calibration.load(args.calibration)
+    if cal is not None:
+        fit = v.Fit.from_calibration(cal)
         roles = (v.CALIBRATION, v.VALIDATION)
     else:
         fit = fit_from_args(args, cases, topo, tb)
@@ -117,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         source = f"igrt validate: {raw.get('command', args.measurements)}"
-        if args.calibration:
-            Calibration.load(args.calibration).save(out / "calibration.json")
+        if cal is not None:
+            cal.save(out / "calibration.json")
         else:
             fit.calibration(topo, source=source).save(out / "calibration.json")
         (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
