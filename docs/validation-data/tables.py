@@ -156,7 +156,7 @@ def step_table(report_path: Path) -> str:
             f"| {r['step_error']:+.1%} | {r['measured_wire_bytes']:.0f} ({'yes' if same else 'NO'}) |"
         )
     out.append(
-        f"\nOver {rep['means_over']} ({len(rep['policies'])}): mean |error| of comm per step "
+        f"\nOver {len(rep['policies'])} runs ({rep['means_over']}): mean |error| of comm per step "
         f"{rep['mean_abs_error_vs_min']:.1%} (last rank), {rep['mean_abs_error_vs_mean']:.1%} (mean rank), "
         f"step time {rep['mean_abs_step_error']:.1%}; Kendall τ by step time {rep['kendall_tau_step']:.3f}, "
         f"by communication time {rep['kendall_tau_comm']:.3f}."

@@ -1,0 +1,46 @@
+"""The step-level tables of docs/validation.md are what the code computes from the committed runs.
+
+``docs/validation-data/steps/<name>/`` holds one ``igrt validate --steps`` run on the namespace
+testbed: its measurements and fitted calibration, and every training run's summary, metrics, op log
+and own trace (no model or checkpoint). Replaying them must give the committed report's step table,
+with bytes and ops exact; a change to the model that moves a number fails here until the data and
+the doc are regenerated (``python docs/validation-data/tables.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from igsim.net.calibration import Calibration
+from igsim.studies import step_validation as sv
+from igsim.studies import validation as v
+
+DATA = Path(__file__).resolve().parents[2] / "docs" / "validation-data" / "steps"
+RUNS = sorted(p.name for p in DATA.glob("*") if (p / "report.json").exists())
+
+
+def test_there_are_committed_step_runs():
+    assert len(RUNS) >= 2, RUNS
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_replaying_the_committed_runs_gives_the_committed_table(name):
+    root = DATA / name
+    tb, _cases, _raw = v.load_measurements(root / "measurements.json")
+    topo = v.testbed_topology(tb)
+    runs = sv.simulate_runs(root / "steps", topology=topo, calibration=Calibration.load(root / "calibration.json"))
+    got = sv.compare_steps(runs, skip_steps=1, flags=sv.run_flags(root / "steps"))
+    want = json.loads((root / "report.json").read_text())["steps"]
+    assert set(got["policies"]) == set(want["policies"])
+    assert len(got["policies"]) == 12  # 6 policies x 2 integrations
+    for label, row in want["policies"].items():
+        for key, value in row.items():
+            if isinstance(value, float):
+                assert math.isclose(got["policies"][label][key], value, rel_tol=1e-9), (label, key)
+        assert row["measured_wire_bytes"] == row["predicted_wire_bytes"]  # bytes exact
+    for key in ("mean_abs_error_vs_min", "mean_abs_error_vs_mean", "mean_abs_step_error", "kendall_tau_step"):
+        assert math.isclose(got[key], want[key], rel_tol=1e-9), key
