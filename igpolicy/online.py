@@ -39,10 +39,13 @@ from igpolicy.importance import ComponentStats, ImportanceConfig, ImportanceScor
 from igpolicy.limits import MAX_RELEASE_PERIOD
 from igpolicy.plan import ComponentPlan, SyncPlan
 from igpolicy.profile import profile
+from igpolicy.step_plan import OpBytes
 from igpolicy.thresholds import ThresholdResult
 from igpolicy.vocab import ComponentClass
 
 __all__ = [
+    "AGREE_PARTS",
+    "AGREE_WIDTH",
     "STAT_FIELDS",
     "STAT_VALUE_BYTES",
     "OnlineSchedule",
@@ -51,6 +54,7 @@ __all__ = [
     "important_jaccard",
     "important_set",
     "online_plan",
+    "replan_op_bytes",
     "start_plan",
     "stats_from_vector",
     "stats_vector_bytes",
@@ -71,6 +75,30 @@ def stats_vector_bytes(*, num_components: int, window: int) -> int:
     1608
     """
     return STAT_VALUE_BYTES * (int(window) * int(num_components) * _F + 1)
+
+
+#: the agreement check after a re-plan: these parts, each padded to AGREE_WIDTH characters, all-gathered
+AGREE_PARTS = ("online_plan", "online_step")
+AGREE_WIDTH = 16
+
+
+def replan_op_bytes(
+    *, num_components: int, window: int, world_size: int, complete: bool = True
+) -> tuple[OpBytes, ...]:
+    """The collectives of one re-plan, per rank, in order: the window vector's all-reduce
+    (:func:`stats_vector_bytes`), then — on more than one rank, when the window was complete — the
+    agreement check's all-gather of :data:`AGREE_PARTS`. Counted as metadata; the runtime's tally and
+    the simulator both add exactly these.
+
+    >>> [b.wire_size_bytes for b in replan_op_bytes(num_components=10, window=4, world_size=2)]
+    [1608, 32]
+    """
+    n = stats_vector_bytes(num_components=num_components, window=window)
+    out = [OpBytes(metadata_bytes=n, wire_size_bytes=n)]
+    if world_size > 1 and complete:
+        a = AGREE_WIDTH * len(AGREE_PARTS)
+        out.append(OpBytes(metadata_bytes=a, wire_size_bytes=a))
+    return tuple(out)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,17 +30,18 @@ import torch
 import torch.distributed as dist
 
 from igpolicy.online import (
+    AGREE_PARTS,
+    AGREE_WIDTH,
     OnlineSchedule,
     StatsWindow,
     component_rows,
     important_set,
     online_plan,
+    replan_op_bytes,
     start_plan,
-    stats_vector_bytes,
     window_complete,
 )
 from igpolicy.plan import SyncPlan
-from igpolicy.step_plan import OpBytes
 from igpolicy.vocab import ComponentClass, ComponentId
 from igpolicy.wire import nominal_k
 from igrt.sync import comm
@@ -48,7 +49,6 @@ from igrt.sync import comm
 __all__ = ["ONLINE_FORMAT", "OnlineProfiler", "expected_bytes", "initial_plan"]
 
 ONLINE_FORMAT = "igonline/1"
-_AGREE_WIDTH = 16  # characters per part of the agreement check (comm.check_agreement's default)
 
 
 def expected_bytes(sync: Any) -> dict[str, int]:
@@ -140,14 +140,18 @@ class OnlineProfiler:
         t0 = time.perf_counter()
         boundary = step + 1
         mine = torch.from_numpy(self.window.vector(boundary)).to(self.sync.device)
-        nbytes = stats_vector_bytes(num_components=len(self.keys), window=self.schedule.window)
+        ops = replan_op_bytes(
+            num_components=len(self.keys), window=self.schedule.window, world_size=self.sync.world_size
+        )
+        nbytes = ops[0].wire_size_bytes
         assert mine.numel() * mine.element_size() == nbytes, "the window vector's size is igpolicy.online's"
         if self.sync.world_size > 1:
             dist.all_reduce(mine, group=self.sync.group)
-        run.tally.add(OpBytes(metadata_bytes=nbytes, wire_size_bytes=nbytes))
+        run.tally.add(ops[0])
         reduced = mine.to("cpu").numpy()
         if not window_complete(reduced):  # some rank missed a step of the window: every rank skips
-            return {"online_replan": 0.0, "online_skipped": 1.0, "online_bytes": float(nbytes)}
+            return {"online_replan": 0.0, "online_skipped": 1.0, "online_bytes": float(nbytes),
+                    "online_replan_s": time.perf_counter() - t0}  # fmt: skip
         plan, _, _ = online_plan(
             reduced=reduced,
             keys=self.keys,
@@ -158,13 +162,12 @@ class OnlineProfiler:
             world_size=self.sync.world_size,
             boundary=boundary,
         )
-        parts = {"online_plan": plan.fingerprint[:_AGREE_WIDTH], "online_step": str(boundary)}
-        if self.sync.world_size > 1:
-            agree_bytes = _AGREE_WIDTH * len(parts)
-            run.tally.add(OpBytes(metadata_bytes=agree_bytes, wire_size_bytes=agree_bytes))
-            nbytes += agree_bytes
+        parts = dict(zip(AGREE_PARTS, (plan.fingerprint[:AGREE_WIDTH], str(boundary))))
+        if len(ops) > 1:  # more than one rank: agree on the plan
+            run.tally.add(ops[1])
+            nbytes += ops[1].wire_size_bytes
             comm.check_agreement(
-                parts, group=self.sync.group, device=self.sync.device,
+                parts, group=self.sync.group, device=self.sync.device, width=AGREE_WIDTH,
                 who=f"online re-plan at step {boundary} (rank {self.sync.rank})",
             )  # fmt: skip
         changed = plan.fingerprint != self.sync.plan.fingerprint

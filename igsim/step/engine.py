@@ -30,7 +30,9 @@ See docs/simulator.md.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -88,6 +90,7 @@ def simulate(
     sparse_algorithm: str = "ring",
     label: str | None = None,
     exact_costs: bool = False,
+    plan_schedule: Sequence[tuple[int, SyncPlan]] | None = None,
 ) -> SimResult:
     """Simulate ``num_steps`` training steps of ``config`` on ``topology``; returns a :class:`SimResult`.
 
@@ -102,7 +105,12 @@ def simulate(
     workload carries per-rank counts (``k_by_rank``), which give one row per rank. ``label`` names
     the policy in the result (default: ``config.policy``). ``exact_costs=True`` evaluates every
     distinct collective size exactly (see :class:`igsim.collectives.costs.CostCache`).
-    Deterministic: the same arguments give identical rows.
+    ``plan_schedule`` (an online-profiling run: ``config.online_profiling``): ``(first step, plan)``
+    pairs ascending from step 0 — step t follows the last plan whose first step is <= t (new release
+    phases and planner, as the runtime's ``SyncState.apply_plan``), ``plan`` is ignored, and after
+    every step that a re-plan follows the ranks run its collectives
+    (:func:`igpolicy.online.replan_op_bytes`: bytes counted as metadata, costed after the step's last
+    op, before the optimizer). Deterministic: the same arguments give identical rows.
 
     Raises ValueError for ``num_steps < 1``, an unknown mode or integration, or a plan that does
     not cover the workload's components (from ``release_phases``).
@@ -119,7 +127,7 @@ def simulate(
         workload=workload, config=config, plan=plan, topology=topology, calibration=calibration,
         num_steps=int(num_steps), seed=seed, mode=mode, jitter=jitter, integration=integration,
         ddp_caps=(ddp_bucket_cap_bytes, ddp_first_bucket_cap_bytes), algorithms=(dense_algorithm, sparse_algorithm),
-        exact_costs=exact_costs,
+        exact_costs=exact_costs, plan_schedule=plan_schedule,
     )  # fmt: skip
     for t in range(int(num_steps)):
         run.step(t)
@@ -141,8 +149,8 @@ class _Stream:
         when the op ends, so an early rank's wait for the last one counts. [R]."""
         out = np.zeros(rank_gates.shape[0])
         prev = 0.0
-        for j, _start, end in self.issued:
-            out += end - np.maximum(rank_gates[:, j], prev)
+        for j, _start, end in self.issued:  # j < 0: not a plan op (a re-plan): every rank is there
+            out += end - (np.maximum(rank_gates[:, j], prev) if j >= 0 else prev)
             prev = end
         return out
 
@@ -151,18 +159,34 @@ class _Run:
     """One simulation's state: the plan source, the costs, the per-step columns."""
 
     def __init__(self, *, workload, config, plan, topology, calibration, num_steps, seed, mode, jitter,
-                 integration, ddp_caps, algorithms, exact_costs) -> None:  # fmt: skip
+                 integration, ddp_caps, algorithms, exact_costs, plan_schedule=None) -> None:  # fmt: skip
+        schedule = _check_schedule(plan_schedule, config) if plan_schedule is not None else [(0, plan)]
+        plan = schedule[0][1]
         self.workload, self.config, self.plan, self.integration = workload, config, plan, integration
         self.num_steps, self.seed, self.mode, self.jitter = num_steps, seed, mode, jitter
         self.world_size = p = len(topology.ranks)
         params = mark_fresh(workload.params, config.fresh_patterns)  # the runtime's components
-        phases = release_phases(plan=plan, config=config, component_keys=[q.component for q in params])
         self.k_matrix, self.k_source = _k_matrix(workload, config, world_size=p, params=params)
         first_ready = workload.ready_since_backward(0) if integration == "ddp-hook" else None
-        self.source = PlanSource(
-            config=config, params=params, world_size=p, phases=phases, integration=integration,
-            first_ready_s=first_ready, ddp_bucket_cap_bytes=ddp_caps[0], ddp_first_bucket_cap_bytes=ddp_caps[1],
-        )  # fmt: skip
+        keys = [q.component for q in params]
+        self.sources = [
+            (start, PlanSource(
+                config=config, params=params, world_size=p, integration=integration,
+                phases=release_phases(plan=pl, config=config, component_keys=keys), first_ready_s=first_ready,
+                ddp_bucket_cap_bytes=ddp_caps[0], ddp_first_bucket_cap_bytes=ddp_caps[1],
+            ))
+            for start, pl in schedule
+        ]  # fmt: skip
+        self.source = self.sources[0][1]
+        self.replans = None
+        if plan_schedule is not None:
+            from igpolicy.online import OnlineSchedule, replan_op_bytes
+
+            self.replans = OnlineSchedule(window=config.online_window, every=config.replan_every)
+            self.replan_ops = replan_op_bytes(
+                num_components=len(set(keys)), window=config.online_window, world_size=p
+            )
+        self.plan_fingerprints = tuple(pl.fingerprint if pl is not None else None for _, pl in schedule)
         self.costs = CostCache(
             topology=topology, calibration=calibration, mode=mode, world_size=p,
             dense_algorithm=algorithms[0], sparse_algorithm=algorithms[1], exact=bool(exact_costs),
@@ -183,7 +207,7 @@ class _Run:
     def step(self, t: int) -> None:
         w, cfg = self.workload, self.config
         rec = w.recorded_index(t)
-        lay = self.source.layout(t)
+        lay = self._source_at(t).layout(t)
         self.sent.append(lay.plan.sending_params)
         f, b, o = w.forward_s[rec], w.backward_s[rec], w.optimizer_s[rec]
         ready = w.ready_since_backward(rec) if self.integration == "ddp-hook" else np.full(len(w.params), b)
@@ -211,6 +235,8 @@ class _Run:
         k = self.k_matrix[rec]  # [P] or [R, P]
         k_rows = k if k.ndim == 2 else k[None, :]
         stream = self._stream(lay, gate, lay.op_k(k_rows), t)
+        if self.replans is not None and self.replans.replans_after(t):
+            stream = self._with_replan(stream)
         bend = fw + bw
         step_s = np.maximum(bend + local, stream.comm_end_s) + op_s
         comm_s = stream.comm_s if rank_gates is None else stream.rank_comm_s(rank_gates)
@@ -236,6 +262,28 @@ class _Run:
                        ("backward_end_s", float(bend.max())), ("comm_end_s", stream.comm_end_s)):  # fmt: skip
             self.steps[key][t] = v
         self.clock += global_step_s
+
+    def _source_at(self, t: int) -> PlanSource:
+        """The plan source step ``t`` follows: the last whose first step is <= t."""
+        out = self.sources[0][1]
+        for start, src in self.sources:
+            if start > t:
+                break
+            out = src
+        return out
+
+    def _with_replan(self, stream: _Stream) -> _Stream:
+        """The step's stream followed by a re-plan's collectives (the window's all-reduce, the
+        agreement all-gather): their bytes on every row, their time after the last op. They are
+        not the step plan's ops (the runtime's op log does not list them), so they add no span."""
+        cur, comm_s = stream.comm_end_s, stream.comm_s
+        for i, ob in enumerate(self.replan_ops):
+            for tally in stream.tallies:
+                tally.add(ob)
+            cost = self.costs.dense(ob.wire_size_bytes) if i == 0 else self.costs.metadata(-(-ob.wire_size_bytes // 8))
+            cur, comm_s = cur + cost, comm_s + cost
+        issued = [*stream.issued, (-1, stream.comm_end_s, cur)]
+        return _Stream(comm_end_s=cur, comm_s=comm_s, tallies=stream.tallies, issued=issued)
 
     def _own_phases(self, rec: int) -> tuple[np.ndarray, ...] | None:
         """(forward, backward, optimizer, local) seconds per rank of recorded step ``rec`` when the
@@ -291,6 +339,8 @@ class _Run:
             settings={
                 "config": cfg.to_dict(),
                 "plan_fingerprint": plan.fingerprint if plan is not None else None,
+                "plan_schedule": [[int(start), fp] for (start, _), fp in zip(self.sources, self.plan_fingerprints)]
+                if self.replans is not None else None,
                 "workload": self.workload.name,
                 "world_size": self.world_size,
                 "mode": self.mode,
@@ -319,6 +369,17 @@ def _select_shares(lay: PlanLayout) -> np.ndarray:
 
 
 _TALLY_FIELDS = ("values_bytes", "indices_bytes", "dense_bytes", "metadata_bytes", "num_collectives")
+
+
+def _check_schedule(schedule, config: PolicyConfig) -> list[tuple[int, SyncPlan]]:
+    """``plan_schedule`` as a list, checked: an online-profiling config, steps ascending from 0."""
+    out = [(int(start), pl) for start, pl in schedule]
+    if not config.online_profiling:
+        raise ValueError("plan_schedule needs an online-profiling config (online_window, replan_every > 0)")
+    starts = [s for s, _ in out]
+    if not out or starts[0] != 0 or any(b <= a for a, b in itertools.pairwise(starts)):
+        raise ValueError(f"plan_schedule: first steps must ascend from 0, got {starts}")
+    return out
 
 
 def _mix(a: int, b: int) -> int:

@@ -50,6 +50,7 @@ class RunInputs:
     world_size: int
     measured: list[dict[str, float]]  # metrics.csv rows
     ops: list[dict[str, str]]  # ops.csv rows
+    plan_schedule: tuple[tuple[int, SyncPlan], ...] | None = None  # online profiling: plans.jsonl
 
 
 def _fail(path: Path, why: str) -> ValueError:
@@ -80,8 +81,10 @@ def load_run(run_dir: str | Path) -> RunInputs:
     if not summary.get("record_trace") or not (root / "trace").is_dir() or not (root / "ops.csv").is_file():
         raise _fail(root, "the run has no trace (trace/ and ops.csv): rerun igrt train with --record-trace")
     config = PolicyConfig.from_dict(summary["config"], where=f"{path} config")
-    plan = None
-    if config.policy == "importance":
+    plan, schedule = None, None
+    if config.online_profiling:
+        schedule = _plan_schedule(root)
+    elif config.policy == "importance":
         plan_path = root / "plan.json"
         if not plan_path.is_file():
             raise _fail(root, "an importance run without plan.json")
@@ -100,7 +103,27 @@ def load_run(run_dir: str | Path) -> RunInputs:
         world_size=int(summary["world_size"]),
         measured=read_metrics(root / "metrics.csv"),
         ops=ops,
+        plan_schedule=schedule,
     )
+
+
+def _plan_schedule(root: Path) -> tuple[tuple[int, SyncPlan], ...]:
+    """An online-profiling run's plans (``plans.jsonl``: from which step each applies)."""
+    path = root / "plans.jsonl"
+    if not path.is_file():
+        raise _fail(root, "an online-profiling run without plans.jsonl")
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            out.append((int(row["step"]), SyncPlan.from_json(row["plan"], where=f"{path}:{i}")))
+        except (ValueError, KeyError, TypeError) as e:
+            raise _fail(path, f"line {i}: not a plans.jsonl row ({e})") from None
+    if not out:
+        raise _fail(path, "no plan")
+    return tuple(out)
 
 
 def run_workload(inputs: RunInputs, *, complete_prefix: bool = False):
@@ -122,7 +145,8 @@ def local_sync_s(inputs: RunInputs, num_steps: int) -> np.ndarray | None:
     compute), from its metrics rows:
 
     - sync: the Synchronizer's work that is neither compute nor a collective (selection, packing,
-      decisions, scatter: ``x_sync_s - comm_s``), between backward and the first collective;
+      decisions, scatter: ``x_sync_s - comm_s``, less an online re-plan's ``x_online_replan_s``,
+      whose collectives the engine costs), between backward and the first collective;
     - ddp-hook: the hooks' selection (``x_select_s``), which runs inside backward (so in the
       trace's backward time) but before each bucket's collective is launched;
     - None otherwise, or when the rows lack the columns."""
@@ -135,6 +159,7 @@ def local_sync_s(inputs: RunInputs, num_steps: int) -> np.ndarray | None:
         rank = int(r["rank"])
         if 0 <= rank < inputs.world_size:
             v = float(r[column]) - (float(r["comm_s"]) if inputs.integration == "sync" else 0.0)
+            v -= float(r.get("x_online_replan_s", 0.0) or 0.0)  # a re-plan's collectives: costed by the engine
             out[int(r["step"]), rank] = max(0.0, v)
     return out
 
@@ -216,7 +241,7 @@ def replay_run(
     ddp = inputs.summary.get("ddp") or {}
     result = simulate(
         workload=workload, config=inputs.config, plan=inputs.plan, topology=topology, calibration=calibration,
-        num_steps=len(steps), mode=mode, integration=inputs.integration,
+        num_steps=len(steps), mode=mode, integration=inputs.integration, plan_schedule=inputs.plan_schedule,
         ddp_bucket_cap_bytes=int(ddp.get("bucket_cap_bytes", 25 * 2**20)),
         ddp_first_bucket_cap_bytes=ddp.get("first_bucket_cap_bytes", 2**20),
     )  # fmt: skip
