@@ -122,3 +122,43 @@ def test_calibrate_errors_name_the_input(tmp_path, capsys):
     run = RUNS / f"A-star-q{QUEUE_MS}"
     assert igsim_main(["calibrate", str(run), "-o", str(tmp_path)]) != 0  # a folder, not a file
     assert "is a folder" in capsys.readouterr().err
+
+
+# The quiet rounds (2026-12-02, ``igrt validate --suite``: 1-minute load average 0.4-1.4 on 2 cores):
+# fitted on QA, QB measured 5-6 minutes later. With the CPU out of the way the means meet everywhere;
+# these worst cases stay, in both rounds and against their own fit, so they are the model's.
+QUIET_WORST_MISSES = {
+    "two-level": "broadcast 4 MiB across the uplink -11.4 % (its own fit: -9.9 % / -11.4 %)",
+    "hetero": "all_gather 256 KiB through the slow NIC -17.3 % (its own fit: -17.6 % / -17.0 %)",
+    "ring": "broadcast 256 KiB -11.5 % (its own fit: -12.6 % / -11.0 %)",
+}
+
+
+@pytest.mark.parametrize("testbed", TESTBEDS)
+def test_on_a_quiet_machine_a_fit_predicts_a_later_run_mean_within_target(testbed):
+    rep = _report(RUNS / f"QA-{testbed}-q{QUEUE_MS}", RUNS / f"QB-{testbed}-q{QUEUE_MS}")
+    assert rep["collectives_large"]["num_cases"] >= 10
+    assert rep["collectives_large"]["meets_mean"], rep["collectives_large"]
+
+
+@pytest.mark.parametrize(
+    "testbed",
+    [
+        pytest.param(t, marks=pytest.mark.xfail(strict=True, reason=QUIET_WORST_MISSES[t])) if t in QUIET_WORST_MISSES
+        else t
+        for t in TESTBEDS
+    ],
+)  # fmt: skip
+def test_on_a_quiet_machine_a_fit_predicts_a_later_run_worst_within_target(testbed):
+    rep = _report(RUNS / f"QA-{testbed}-q{QUEUE_MS}", RUNS / f"QB-{testbed}-q{QUEUE_MS}")
+    assert rep["collectives_large"]["meets_worst"], rep["collectives_large"]
+
+
+def test_the_shipped_default_meets_both_targets_on_a_fresh_quiet_star_run():
+    """Fitted on round A (02:13, load 2.4-4.6, other work running), it predicts the quiet star run
+    measured three and a half hours later."""
+    tb, cases, _ = v.load_measurements(RUNS / f"QB-star-q{QUEUE_MS}" / "measurements.json")
+    rep = v.build_report(cases, v.testbed_topology(tb), v.Fit.from_calibration(Calibration.testbed_default()),
+                         burst_s=tb.burst_s, roles=(v.CALIBRATION, v.VALIDATION))  # fmt: skip
+    d = rep["collectives_large"]
+    assert d["num_cases"] >= 10 and d["meets_mean"] and d["meets_worst"], d
