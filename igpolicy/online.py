@@ -82,20 +82,18 @@ AGREE_PARTS = ("online_plan", "online_step")
 AGREE_WIDTH = 16
 
 
-def replan_op_bytes(
-    *, num_components: int, window: int, world_size: int, complete: bool = True
-) -> tuple[OpBytes, ...]:
+def replan_op_bytes(*, num_components: int, window: int, world_size: int) -> tuple[OpBytes, ...]:
     """The collectives of one re-plan, per rank, in order: the window vector's all-reduce
-    (:func:`stats_vector_bytes`), then — on more than one rank, when the window was complete — the
-    agreement check's all-gather of :data:`AGREE_PARTS`. Counted as metadata; the runtime's tally and
-    the simulator both add exactly these.
+    (:func:`stats_vector_bytes`), then — on more than one rank — the agreement check's all-gather of
+    :data:`AGREE_PARTS` (skipped, with the re-plan, when the window was incomplete). Counted as
+    metadata; the runtime's tally and the simulator both add exactly these.
 
     >>> [b.wire_size_bytes for b in replan_op_bytes(num_components=10, window=4, world_size=2)]
     [1608, 32]
     """
     n = stats_vector_bytes(num_components=num_components, window=window)
     out = [OpBytes(metadata_bytes=n, wire_size_bytes=n)]
-    if world_size > 1 and complete:
+    if world_size > 1:
         a = AGREE_WIDTH * len(AGREE_PARTS)
         out.append(OpBytes(metadata_bytes=a, wire_size_bytes=a))
     return tuple(out)

@@ -177,7 +177,6 @@ class _Run:
             ))
             for start, pl in schedule
         ]  # fmt: skip
-        self.source = self.sources[0][1]
         self.replans = None
         if plan_schedule is not None:
             from igpolicy.online import OnlineSchedule, replan_op_bytes

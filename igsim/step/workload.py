@@ -46,8 +46,9 @@ class Workload:
       the early ones wait (as they did in the run).
     - ``local_s_by_rank``: float array [T, R] of each rank's CPU work around its collectives that is
       neither compute nor communication (the Synchronizer's selection, packing, decisions and
-      scatter: the runtime's ``sync_s - comm_s``), or None (0). An input like compute: a replay
-      takes it from the run's metrics. The engine puts it between backward and the first collective.
+      scatter: the runtime's ``sync_s - comm_s``; under ``ddp-hook`` the hooks' selection), or None
+      (0). An input like compute: a replay takes it from the run's metrics. The engine puts it
+      between backward and the first collective (``ddp-hook``: each bucket's share before its launch).
     - ``grad_accum_steps``: A micro-batches per step; ``ready_s`` is then measured from the start of
       the last backward pass, the only one that communicates (see :meth:`ready_since_backward`).
     - ``source``: where it came from (informational).
@@ -100,15 +101,14 @@ class Workload:
             if kr.ndim != 3 or kr.shape[0] != T or kr.shape[2] != P or np.any(kr < 0):
                 raise ValueError(f"workload {self.name!r}: k_by_rank must be [{T}, R, {P}] counts >= 0, got {kr.shape}")
             object.__setattr__(self, "k_by_rank", kr.astype(np.int64))
-        for name, width in (("phases_by_rank", 3), ("local_s_by_rank", None)):
+        for name, tail in (("phases_by_rank", (3,)), ("local_s_by_rank", ())):
             arr = getattr(self, name)
             if arr is None:
                 continue
             arr = np.asarray(arr, dtype=np.float64)
-            want = 3 if width else 2
-            if arr.ndim != want or arr.shape[0] != T or (width and arr.shape[2] != width):
-                shape = f"[{T}, R, 3]" if width else f"[{T}, R]"
-                raise ValueError(f"workload {self.name!r}: {name} must have shape {shape}, got {arr.shape}")
+            if arr.ndim != 2 + len(tail) or arr.shape[0] != T or arr.shape[2:] != tail:
+                shape = ", ".join([str(T), "R", *map(str, tail)])
+                raise ValueError(f"workload {self.name!r}: {name} must have shape [{shape}], got {arr.shape}")
             if not np.all(np.isfinite(arr)) or np.any(arr < 0):
                 raise ValueError(f"workload {self.name!r}: {name} must be finite and >= 0")
             object.__setattr__(self, name, arr)
