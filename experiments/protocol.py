@@ -24,7 +24,10 @@ the workload's trace); three split controls derived in code from that plan (:fun
 bytes), ``swapped`` (the lowest-scored components, as many bytes as the important set, sent every
 step); ``powersgd1`` / ``powersgd2`` (PyTorch's ``powerSGD_hook`` through ``igrt bench``'s code
 path, :func:`igrt.integrations.peers.register_peer`, on DDP with one bucket; the same workload, optimizer,
-schedule and evaluations; no flush: its error feedback is never sent).
+schedule and evaluations; no flush: its error feedback is never sent); and the method's parts, each
+switched on its own in an importance run (:data:`VARIANTS`): ``imp_nocatch`` (catch-up off),
+``imp_warm`` (every component every step during the LR warm-up), ``imp_small`` (vectors of at most
+4,096 entries sent dense), ``imp_online`` (no offline plan: online profiling, so no profiling run).
 
 **Cached and resumable.** Every run is one subprocess (``igrt train``, or ``python -m
 experiments.protocol --powersgd-run DIR`` for PowerSGD) writing into its own folder under
@@ -74,6 +77,10 @@ POLICIES = (
     "all_low",
     "powersgd2",
     "dense",
+    "imp_nocatch",
+    "imp_warm",
+    "imp_small",
+    "imp_online",
 )
 QUICK_POLICIES = ("topk", "importance")
 LABELS = {
@@ -86,8 +93,21 @@ LABELS = {
     "swapped": "swapped split (lowest scores sent)",
     "powersgd1": "PowerSGD rank 1",
     "powersgd2": "PowerSGD rank 2",
+    "imp_nocatch": "importance, catch-up off",
+    "imp_warm": "importance + sync warm-up",
+    "imp_small": "importance + small vectors dense",
+    "imp_online": "importance, online profiling",
 }
-PLAN_POLICIES = ("importance", "all_low", "random", "swapped")  # the ones that need the profiling run
+# the method's parts, each on its own (issue 15, item 2): a variant of the importance run with one
+# switch changed; (the plan it follows or None, the extra ``igrt train`` flags). ``{warmup}`` is the
+# LR warm-up's step count, the sync warm-up then covers the same steps.
+VARIANTS = {
+    "imp_nocatch": ("importance", ("--no-catch-up",)),
+    "imp_warm": ("importance", ("--sync-warmup-steps", "{warmup}")),
+    "imp_small": ("importance", ("--dense-small", "4096")),
+    "imp_online": (None, ("--online-profile", "--catch-up")),
+}
+PLAN_POLICIES = ("importance", "all_low", "random", "swapped")  # their own plans (the knee plan, controls)
 QUALITY = {"minilm": ("accuracy", +1), "gpt": ("loss", -1)}  # metric, +1 = higher is better
 # peak learning rates tried per method: the workload's own (minilm 1e-4, gpt 3e-4) first
 LR_GRID = {"minilm": (1e-4, 3e-4, 5e-5), "gpt": (3e-4, 1e-3, 1e-4)}
@@ -193,6 +213,7 @@ class Run:
     release_period: int
     plan_path: str | None = None
     plan_id: str | None = None  # common.plan_decision_id: what the plan decides
+    extra: str = ""  # a VARIANTS run's extra igrt train flags, space-separated
 
     @property
     def name(self) -> str:
@@ -207,7 +228,8 @@ class Run:
     def command(self, folder: Path) -> list[str]:
         if self.tag.startswith("powersgd"):
             return [sys.executable, "-m", "experiments.protocol", "--powersgd-run", str(folder)]
-        policy = {"topk_equal": "topk", **{p: "importance" for p in PLAN_POLICIES}}.get(self.tag, self.tag)
+        imp = {p: "importance" for p in (*PLAN_POLICIES, *VARIANTS)}
+        policy = {"topk_equal": "topk", **imp}.get(self.tag, self.tag)
         cmd = [sys.executable, "-m", "igrt", "train", "--workload", self.workload, "--policy", policy]
         cmd += ["--steps", str(self.steps), "--seed", str(self.seed), "--lr", f"{self.lr:g}"]
         cmd += ["--schedule", "cosine", "--warmup-steps", str(self.warmup_steps)]
@@ -223,6 +245,7 @@ class Run:
         ]
         if self.plan_path:
             cmd += ["--plan", self.plan_path]
+        cmd += self.extra.split()
         return cmd + (["--tiny"] if self.tiny else [])
 
 
@@ -428,13 +451,15 @@ def _run(settings, tag: str, *, lr: float, seed: int, plans, paths) -> Run:
     density = settings["density"]
     if tag == "topk_equal":
         density = round(density * expected_bytes_share(plans["importance"]), 6)
-    plan = plans.get(tag) if tag in PLAN_POLICIES else None
+    plan_tag, extra = VARIANTS.get(tag, (tag if tag in PLAN_POLICIES else None, ()))
+    plan = plans.get(plan_tag) if plan_tag else None
     return Run(
         workload=settings["workload"], tiny=settings["tiny"], tag=tag, lr=lr, seed=seed, steps=settings["steps"],
         warmup_steps=settings["warmup_steps"], eval_every=settings["eval_every"], nproc=settings["nproc"],
         batch_size=settings["batch_size"], density=density, release_period=settings["release_period"],
-        plan_path=str(paths[tag]) if plan is not None else None,
+        plan_path=str(paths[plan_tag]) if plan is not None else None,
         plan_id=common.plan_decision_id(plan) if plan is not None else None,
+        extra=" ".join(x.format(warmup=settings["warmup_steps"]) for x in extra),
     )  # fmt: skip
 
 
@@ -512,7 +537,7 @@ def tables(
             continue
         res = results[r.name]
         total = res["bytes_per_step"] * r.steps + res["flush_bytes"]
-        rec = recording["recording_bytes_per_rank"] if r.tag in PLAN_POLICIES else 0.0
+        rec = recording["recording_bytes_per_rank"] if r.plan_path else 0.0
         run_rows.append({
             "method": r.tag, "lr": r.lr, "seed": r.seed, "steps": r.steps, "density": r.density,
             f"{metric}_pre_flush": res["quality"], f"{metric}_after_flush": res["quality_after_flush"],
