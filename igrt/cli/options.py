@@ -132,6 +132,14 @@ def add_testbed_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MS",
         help=f"every shaper's queue limit, ms of traffic (default {testbed.DEFAULT_QUEUE_S * 1e3:g})",
     )
+    p.add_argument(
+        "--tcp-slow-start-after-idle",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        help="the rank namespaces' net.ipv4.tcp_slow_start_after_idle (default 1, Linux's; 0: an idle "
+        "connection keeps its congestion window)",
+    )
     for old, new in (("--rate", rate), ("--uplink-rate", uplink), ("--slow-rate", slow)):
         add_deprecated_alias(p, old, new)
 
@@ -152,4 +160,5 @@ def spec_from_args(args: argparse.Namespace) -> testbed.TestbedSpec:
         slow_rate_bytes_per_s=slow if args.hetero else None,
         ring=args.ring,
         queue_s=args.queue_ms / 1e3,
+        slow_start_after_idle=bool(getattr(args, "tcp_slow_start_after_idle", 1)),
     )

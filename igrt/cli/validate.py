@@ -264,6 +264,7 @@ def _describe(spec: testbed.TestbedSpec) -> dict[str, Any]:
         "queue_s": spec.queue_s,
         "mtu": spec.mtu,
         "burst_s": _burst_s(spec),
+        "slow_start_after_idle": spec.slow_start_after_idle,
     }
 
 
@@ -420,6 +421,8 @@ def run_suite(args: argparse.Namespace) -> int:
     common = [
         "--queue-ms",
         f"{args.queue_ms:g}",
+        "--tcp-slow-start-after-idle",
+        str(args.tcp_slow_start_after_idle),
         "--warmup",
         str(args.warmup),
         "--timeout-s",

@@ -68,6 +68,9 @@ class TestbedSpec:
     ``slow_rank`` / ``slow_rate_bytes_per_s``: one rank with a slower NIC (heterogeneous case).
     ``ring``: 3 ranks, each pair joined by its own shaped link (no switch).
     ``queue_s``: every shaper's queue limit in seconds of traffic at its rate (tbf ``latency``).
+    ``slow_start_after_idle``: the rank namespaces' ``net.ipv4.tcp_slow_start_after_idle`` (Linux's
+    default True: a connection idle for longer than its retransmission timeout restarts from the
+    initial congestion window, as gloo's sockets do between a training step's collectives).
     """
 
     __test__ = False
@@ -80,6 +83,7 @@ class TestbedSpec:
     slow_rate_bytes_per_s: float | None = None
     ring: bool = False
     queue_s: float = DEFAULT_QUEUE_S
+    slow_start_after_idle: bool = True
     mtu: int = 1500
     run_id: str = field(default_factory=new_run_id)
 
@@ -266,6 +270,7 @@ def setup(spec: TestbedSpec) -> None:
             ns, port = spec.rank_ns(r), f"p{r}"
             _run(["ip", "netns", "add", ns])
             _run(_ns(ns, "ip", "link", "set", "lo", "up"))
+            _tcp_settings(spec, ns)
             _run(
                 _ns(
                     sw,
@@ -294,6 +299,12 @@ def setup(spec: TestbedSpec) -> None:
         raise
 
 
+def _tcp_settings(spec: TestbedSpec, ns: str) -> None:
+    """The rank namespace's own TCP settings (per network namespace since Linux 4.15)."""
+    value = "1" if spec.slow_start_after_idle else "0"
+    _run(_ns(ns, "sysctl", "-q", "-w", f"net.ipv4.tcp_slow_start_after_idle={value}"))
+
+
 def _setup_ring(spec: TestbedSpec) -> None:
     """Rank r's ``eth0`` is joined to rank r+1's ``eth1`` by a veth pair shaped both ways. Both of a
     rank's links carry its address (/32) and a host route to the neighbour behind it, so gloo (bound
@@ -303,6 +314,7 @@ def _setup_ring(spec: TestbedSpec) -> None:
         ns = spec.rank_ns(r)
         _run(["ip", "netns", "add", ns])
         _run(_ns(ns, "ip", "link", "set", "lo", "up"))
+        _tcp_settings(spec, ns)
     for r in range(p):
         nxt = (r + 1) % p
         a, b = spec.rank_ns(r), spec.rank_ns(nxt)

@@ -90,6 +90,9 @@ class TestbedDescription:
     ring: bool = False
     queue_s: float = 0.1  # files written before the field existed ran with 100 ms tbf queues
     burst_s: float = 0.0
+    # the rank namespaces' net.ipv4.tcp_slow_start_after_idle (files written before the field: Linux's 1);
+    # recorded, not modelled: the simulator's links are warm connections (docs/validation.md)
+    slow_start_after_idle: bool = True
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, where: str) -> TestbedDescription:

@@ -135,3 +135,21 @@ def test_bad_specs():
         testbed.TestbedSpec(num_ranks=4, rate_bytes_per_s=1e6, ring=True)
     with pytest.raises(ValueError, match="queue_s"):
         testbed.TestbedSpec(num_ranks=2, rate_bytes_per_s=1e6, queue_s=0.0)
+
+
+def _sysctl(spec: testbed.TestbedSpec, rank: int, key: str) -> str:
+    proc = subprocess.run([*testbed.exec_args(spec, rank), "sysctl", "-n", key], capture_output=True, text=True)
+    return proc.stdout.strip()
+
+
+@pytest.mark.parametrize("ring", [False, True])
+def test_slow_start_after_idle_is_set_per_rank_namespace(ring):
+    key = "net.ipv4.tcp_slow_start_after_idle"
+    host = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True).stdout.strip()
+    spec = testbed.TestbedSpec(num_ranks=3, rate_bytes_per_s=1e6, ring=ring, slow_start_after_idle=False)
+    with testbed.Testbed(spec):
+        assert [_sysctl(spec, r, key) for r in range(3)] == ["0", "0", "0"]
+    default = testbed.TestbedSpec(num_ranks=2, rate_bytes_per_s=1e6)
+    with testbed.Testbed(default):
+        assert [_sysctl(default, r, key) for r in range(2)] == ["1", "1"]
+    assert subprocess.run(["sysctl", "-n", key], capture_output=True, text=True).stdout.strip() == host
