@@ -36,7 +36,7 @@ def test_replaying_the_committed_runs_gives_the_committed_table(name):
     got = sv.compare_steps(runs, skip_steps=1, flags=sv.run_flags(root / "steps"))
     want = json.loads((root / "report.json").read_text())["steps"]
     assert set(got["policies"]) == set(want["policies"])
-    assert len(got["policies"]) == 12  # 6 policies x 2 integrations
+    assert len(got["policies"]) >= 10  # 5 or 6 policies x 2 integrations
     for label, row in want["policies"].items():
         for key, value in row.items():
             if isinstance(value, float):
