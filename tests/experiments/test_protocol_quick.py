@@ -163,3 +163,33 @@ def test_a_run_lock_keeps_a_second_invocation_off_a_run_in_progress(tmp_path: Pa
     assert _claim(lock) is None  # held by a live process (this one)
     lock.write_text("999999999")  # a process that is gone: the lock is stale
     assert _claim(lock) == lock
+
+
+def test_method_part_variants_switch_one_thing_each(tmp_path: Path) -> None:
+    from experiments.protocol import LABELS, POLICIES, VARIANTS, _run, tables
+
+    plan = _plan()
+    plans, paths = {"importance": plan}, {"importance": tmp_path / "importance.json"}
+    settings = {"workload": "gpt", "tiny": True, "steps": 20, "warmup_steps": 2, "eval_every": 5, "nproc": 2,
+                "batch_size": 4, "density": 0.01, "release_period": 2}  # fmt: skip
+    base = _run(settings, "importance", lr=1e-3, seed=0, plans=plans, paths=paths)
+    for tag in VARIANTS:
+        assert tag in POLICIES and tag in LABELS
+        run = _run(settings, tag, lr=1e-3, seed=0, plans=plans, paths=paths)
+        cmd = run.command(tmp_path / run.name)
+        assert cmd[cmd.index("--policy") + 1] == "importance"
+        assert run.settings() != base.settings()  # its own cache key
+        extra = [x for x in cmd if x not in base.command(tmp_path / run.name)]
+        assert extra and all(x in cmd for x in run.extra.split()), tag
+    warm = _run(settings, "imp_warm", lr=1e-3, seed=0, plans=plans, paths=paths)
+    assert warm.extra == "--sync-warmup-steps 2"  # the sync warm-up covers the LR warm-up's steps
+    online = _run(settings, "imp_online", lr=1e-3, seed=0, plans=plans, paths=paths)
+    assert online.plan_path is None and "--plan" not in online.command(tmp_path)
+    # a plan-free run is not charged the profiling run; a variant that follows the plan is
+    res = {"quality": 2.0, "quality_after_flush": 2.0, "bytes_per_step": 10.0, "flush_bytes": 0.0, "summary": {},
+           "wall_s": 1.0}
+    runs = [_run(settings, t, lr=1e-3, seed=0, plans=plans, paths=paths) for t in ("topk", "imp_online", "imp_small")]
+    t = tables({**settings, "policies": ("topk", "imp_online", "imp_small"), "seeds": 1, "lrs": (1e-3,)},
+               {r.name: res for r in runs}, runs, {}, {"recording_bytes_per_rank": 99.0}, None)  # fmt: skip
+    rec = {row["method"]: row["recording_bytes"] for row in t["runs"]}
+    assert rec == {"topk": 0.0, "imp_online": 0.0, "imp_small": 99.0}
