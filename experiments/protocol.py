@@ -27,7 +27,8 @@ path, :func:`igrt.integrations.peers.register_peer`, on DDP with one bucket; the
 schedule and evaluations; no flush: its error feedback is never sent); and the method's parts, each
 switched on its own in an importance run (:data:`VARIANTS`): ``imp_nocatch`` (catch-up off),
 ``imp_warm`` (every component every step during the LR warm-up), ``imp_small`` (vectors of at most
-4,096 entries sent dense), ``imp_online`` (no offline plan: online profiling, so no profiling run).
+4,096 entries sent dense), ``imp_online`` (no offline plan: online profiling, so no profiling
+run), ``imp_online_r8`` (the same at release period 8, the last ``--release-period`` flag winning).
 
 **Cached and resumable.** Every run is one subprocess (``igrt train``, or ``python -m
 experiments.protocol --powersgd-run DIR`` for PowerSGD) writing into its own folder under
@@ -81,6 +82,7 @@ POLICIES = (
     "imp_warm",
     "imp_small",
     "imp_online",
+    "imp_online_r8",
 )
 QUICK_POLICIES = ("topk", "importance")
 LABELS = {
@@ -97,6 +99,7 @@ LABELS = {
     "imp_warm": "importance + sync warm-up",
     "imp_small": "importance + small vectors dense",
     "imp_online": "importance, online profiling",
+    "imp_online_r8": "importance, online profiling, R = 8",
 }
 # the method's parts, each on its own (issue 15, item 2): a variant of the importance run with one
 # switch changed; (the plan it follows or None, the extra ``igrt train`` flags). ``{warmup}`` is the
@@ -106,6 +109,7 @@ VARIANTS = {
     "imp_warm": ("importance", ("--sync-warmup-steps", "{warmup}")),
     "imp_small": ("importance", ("--dense-small", "4096")),
     "imp_online": (None, ("--online-profile", "--catch-up")),
+    "imp_online_r8": (None, ("--online-profile", "--catch-up", "--release-period", "8")),
 }
 PLAN_POLICIES = ("importance", "all_low", "random", "swapped")  # their own plans (the knee plan, controls)
 QUALITY = {"minilm": ("accuracy", +1), "gpt": ("loss", -1)}  # metric, +1 = higher is better
