@@ -300,9 +300,11 @@ def setup(spec: TestbedSpec) -> None:
 
 
 def _tcp_settings(spec: TestbedSpec, ns: str) -> None:
-    """The rank namespace's own TCP settings (per network namespace since Linux 4.15)."""
-    value = "1" if spec.slow_start_after_idle else "0"
-    _run(_ns(ns, "sysctl", "-q", "-w", f"net.ipv4.tcp_slow_start_after_idle={value}"))
+    """The rank namespace's own TCP settings (per network namespace since Linux 4.15). A new
+    namespace starts with Linux's defaults, so only a change from them is written (a kernel
+    without the per-namespace sysctl then fails only when asked for one)."""
+    if not spec.slow_start_after_idle:
+        _run(_ns(ns, "sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=0"))
 
 
 def _setup_ring(spec: TestbedSpec) -> None:
