@@ -28,7 +28,7 @@ schedule and evaluations; no flush: its error feedback is never sent); and the m
 switched on its own in an importance run (:data:`VARIANTS`): ``imp_nocatch`` (catch-up off),
 ``imp_warm`` (every component every step during the LR warm-up), ``imp_small`` (vectors of at most
 4,096 entries sent dense), ``imp_online`` (no offline plan: online profiling, so no profiling
-run), ``imp_online_r8`` (the same at release period 8, the last ``--release-period`` flag winning).
+run), ``imp_online_r8`` (the same at release period 8).
 
 **Cached and resumable.** Every run is one subprocess (``igrt train``, or ``python -m
 experiments.protocol --powersgd-run DIR`` for PowerSGD) writing into its own folder under
@@ -102,14 +102,15 @@ LABELS = {
     "imp_online_r8": "importance, online profiling, R = 8",
 }
 # the method's parts, each on its own (issue 15, item 2): a variant of the importance run with one
-# switch changed; (the plan it follows or None, the extra ``igrt train`` flags). ``{warmup}`` is the
-# LR warm-up's step count, the sync warm-up then covers the same steps.
+# switch changed; (the plan it follows or None, the extra ``igrt train`` flags, its release period or
+# None for --release-period's). ``{warmup}`` is the LR warm-up's step count, the sync warm-up then
+# covers the same steps.
 VARIANTS = {
-    "imp_nocatch": ("importance", ("--no-catch-up",)),
-    "imp_warm": ("importance", ("--sync-warmup-steps", "{warmup}")),
-    "imp_small": ("importance", ("--dense-small", "4096")),
-    "imp_online": (None, ("--online-profile", "--catch-up")),
-    "imp_online_r8": (None, ("--online-profile", "--catch-up", "--release-period", "8")),
+    "imp_nocatch": ("importance", ("--no-catch-up",), None),
+    "imp_warm": ("importance", ("--sync-warmup-steps", "{warmup}"), None),
+    "imp_small": ("importance", ("--dense-small", "4096"), None),
+    "imp_online": (None, ("--online-profile", "--catch-up"), None),
+    "imp_online_r8": (None, ("--online-profile", "--catch-up"), 8),
 }
 PLAN_POLICIES = ("importance", "all_low", "random", "swapped")  # their own plans (the knee plan, controls)
 QUALITY = {"minilm": ("accuracy", +1), "gpt": ("loss", -1)}  # metric, +1 = higher is better
@@ -455,12 +456,12 @@ def _run(settings, tag: str, *, lr: float, seed: int, plans, paths) -> Run:
     density = settings["density"]
     if tag == "topk_equal":
         density = round(density * expected_bytes_share(plans["importance"]), 6)
-    plan_tag, extra = VARIANTS.get(tag, (tag if tag in PLAN_POLICIES else None, ()))
+    plan_tag, extra, period = VARIANTS.get(tag, (tag if tag in PLAN_POLICIES else None, (), None))
     plan = plans.get(plan_tag) if plan_tag else None
     return Run(
         workload=settings["workload"], tiny=settings["tiny"], tag=tag, lr=lr, seed=seed, steps=settings["steps"],
         warmup_steps=settings["warmup_steps"], eval_every=settings["eval_every"], nproc=settings["nproc"],
-        batch_size=settings["batch_size"], density=density, release_period=settings["release_period"],
+        batch_size=settings["batch_size"], density=density, release_period=period or settings["release_period"],
         plan_path=str(paths[plan_tag]) if plan is not None else None,
         plan_id=common.plan_decision_id(plan) if plan is not None else None,
         extra=" ".join(x.format(warmup=settings["warmup_steps"]) for x in extra),

@@ -160,5 +160,5 @@ def spec_from_args(args: argparse.Namespace) -> testbed.TestbedSpec:
         slow_rate_bytes_per_s=slow if args.hetero else None,
         ring=args.ring,
         queue_s=args.queue_ms / 1e3,
-        slow_start_after_idle=bool(getattr(args, "tcp_slow_start_after_idle", 1)),
+        slow_start_after_idle=bool(args.tcp_slow_start_after_idle),
     )
