@@ -18,7 +18,8 @@ post-training: held-out loss), every method below trains ``--steps`` steps under
   model's fp32 gradient, the dense all-reduce each recorded step made), stated apart and amortised.
 
 Methods (``--policies``; all of them by default): ``dense``; ``topk`` (Top-k+EF at ``--density``);
-``topk_equal`` (Top-k+EF thinned to the knee plan's expected bytes); ``importance`` (the knee plan of
+``topk_equal`` (Top-k+EF thinned to the knee plan's expected bytes); ``topk_quarter`` (thinned to
+0.25 x its bytes, the bytes target); ``importance`` (the knee plan of
 the workload's trace); three split controls derived in code from that plan (:func:`control_plans`):
 ``all_low`` (every unpinned component low), ``random`` (a random split with the important set's
 bytes), ``swapped`` (the lowest-scored components, as many bytes as the important set, sent every
@@ -83,6 +84,7 @@ POLICIES = (
     "imp_small",
     "imp_online",
     "imp_online_r8",
+    "topk_quarter",
 )
 QUICK_POLICIES = ("topk", "importance")
 LABELS = {
@@ -100,7 +102,11 @@ LABELS = {
     "imp_small": "importance + small vectors dense",
     "imp_online": "importance, online profiling",
     "imp_online_r8": "importance, online profiling, R = 8",
+    "topk_quarter": "Top-k+EF thinned to 0.25 x bytes",
 }
+# Top-k+EF controls thinned by a fixed share of its bytes (the target's 0.25 x), beside topk_equal's
+# share of the knee plan (which the protocol derives from the plan)
+THINNED = {"topk_quarter": 0.25}
 # the method's parts, each on its own (issue 15, item 2): a variant of the importance run with one
 # switch changed; (the plan it follows or None, the extra ``igrt train`` flags, its release period or
 # None for --release-period's). ``{warmup}`` is the LR warm-up's step count, the sync warm-up then
@@ -234,7 +240,7 @@ class Run:
         if self.tag.startswith("powersgd"):
             return [sys.executable, "-m", "experiments.protocol", "--powersgd-run", str(folder)]
         imp = {p: "importance" for p in (*PLAN_POLICIES, *VARIANTS)}
-        policy = {"topk_equal": "topk", **imp}.get(self.tag, self.tag)
+        policy = {"topk_equal": "topk", **dict.fromkeys(THINNED, "topk"), **imp}.get(self.tag, self.tag)
         cmd = [sys.executable, "-m", "igrt", "train", "--workload", self.workload, "--policy", policy]
         cmd += ["--steps", str(self.steps), "--seed", str(self.seed), "--lr", f"{self.lr:g}"]
         cmd += ["--schedule", "cosine", "--warmup-steps", str(self.warmup_steps)]
@@ -456,6 +462,8 @@ def _run(settings, tag: str, *, lr: float, seed: int, plans, paths) -> Run:
     density = settings["density"]
     if tag == "topk_equal":
         density = round(density * expected_bytes_share(plans["importance"]), 6)
+    elif tag in THINNED:
+        density = round(density * THINNED[tag], 6)
     plan_tag, extra, period = VARIANTS.get(tag, (tag if tag in PLAN_POLICIES else None, (), None))
     plan = plans.get(plan_tag) if plan_tag else None
     return Run(

@@ -4,10 +4,11 @@
 ``LOCAL_RANK``: the function runs once, in this process) or spawns ``nproc`` local processes
 itself (``torch.multiprocessing``, a free localhost port, ``MASTER_ADDR=127.0.0.1``). Every rank
 gets one torch thread, the group is created with a timeout (so a stuck collective fails instead of
-hanging forever) and destroyed at the end. A failure on any rank stops the others and is raised in
-the caller naming the rank that failed first (its peers' collectives then fail too); a
-``ValueError``, ``OSError``, ``OverflowError`` or ``MemoryError`` raised by a rank stays one (so the
-command line reports it in one line, naming the file of an OSError).
+hanging forever) and destroyed at the end (a spawned rank that succeeded then exits at once,
+without interpreter finalization, where gloo threads can abort it). A failure on any rank stops
+the others and is raised in the caller naming the rank that failed first (its peers' collectives
+then fail too); a ``ValueError``, ``OSError``, ``OverflowError`` or ``MemoryError`` raised by a rank
+stays one (so the command line reports it in one line, naming the file of an OSError).
 
 Rendezvous: every rank of a spawned launch is on this machine, so its TCP store (hosted by rank 0)
 listens on ``127.0.0.1`` only, never on every interface as ``env://`` would, and gloo talks over
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import gc
 import ipaddress
 import os
 import signal
@@ -233,8 +235,32 @@ def _spawned_main(
         queue.put(("error", index, info))
         raise
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        _destroy_group()
+    _exit_without_finalizing()
+
+
+def _destroy_group() -> None:
+    """Collect what still references the group (a DDP reducer in a reference cycle, a future's
+    callback) while the interpreter is whole, then destroy it."""
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _exit_without_finalizing() -> None:
+    """End a rank whose result is delivered with exit code 0, skipping interpreter finalization.
+
+    ``destroy_process_group`` unregisters the group, but the C++ gloo group lives on while anything
+    still references it (a DDP reducer, a pending future's callback); it is then destroyed during
+    interpreter teardown, where its worker threads can abort the process (SIGABRT, "terminate called
+    without an active exception"; pytorch/pytorch#179291, seen in CI about once in three full runs).
+    The result is already written to the queue (a ``SimpleQueue`` writes synchronously), so nothing
+    is lost by exiting here. A failing rank exits through the usual path (its error is queued).
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def _run_under_torchrun(fn: Callable, args: tuple, backend: str, timeout_s: float) -> dict[int, Any]:
@@ -256,8 +282,8 @@ def _run_under_torchrun(fn: Callable, args: tuple, backend: str, timeout_s: floa
         )
         return {rank: fn(ctx, *args)}
     finally:
-        if owns_group and dist.is_initialized():
-            dist.destroy_process_group()
+        if owns_group:
+            _destroy_group()
 
 
 def _kept_error(e: BaseException) -> tuple | None:

@@ -198,3 +198,20 @@ def test_method_part_variants_switch_one_thing_each(tmp_path: Path) -> None:
                {r.name: res for r in runs}, runs, {}, {"recording_bytes_per_rank": 99.0}, None)  # fmt: skip
     rec = {row["method"]: row["recording_bytes"] for row in t["runs"]}
     assert rec == {"topk": 0.0, "imp_online": 0.0, "imp_small": 99.0}
+
+
+def test_thinned_top_k_controls_run_top_k_at_their_share_of_the_density(tmp_path: Path) -> None:
+    from experiments.protocol import LABELS, POLICIES, THINNED, _run
+
+    plans, paths = {"importance": _plan()}, {"importance": tmp_path / "importance.json"}
+    settings = {"workload": "gpt", "tiny": True, "steps": 20, "warmup_steps": 2, "eval_every": 5, "nproc": 2,
+                "batch_size": 4, "density": 0.01, "release_period": 2}  # fmt: skip
+    topk = _run(settings, "topk", lr=1e-3, seed=0, plans=plans, paths=paths)
+    for tag, share in THINNED.items():
+        assert tag in POLICIES and tag in LABELS
+        run = _run(settings, tag, lr=1e-3, seed=0, plans=plans, paths=paths)
+        assert run.density == round(0.01 * share, 6) and run.plan_path is None
+        cmd, want = run.command(tmp_path), topk.command(tmp_path)
+        want[want.index("--density") + 1] = f"{run.density:g}"
+        assert cmd == want  # Top-k+EF's own command at the thinned density
+    assert THINNED["topk_quarter"] == 0.25
