@@ -14,6 +14,11 @@ Case kinds (``op``):
   float32 buffer of ``size_bytes`` (the full buffer n, as in the cost formulas).
 - ``sparse_all_gather``: our wire path (:func:`igrt.sync.comm.sparse_all_gather`) with ``sizes_bytes[r]``
   bytes of (int32 index, fp32 value) pairs on rank r: counts first, then one padded gather.
+
+A case with ``idle_s`` > 0 sleeps that long on every rank before each rep's barrier: a *cold* case,
+timing what a training step's first collective meets after its compute (with Linux's
+``tcp_slow_start_after_idle``, a connection idle longer than its retransmission timeout restarts
+from the initial congestion window; the barrier's few bytes do not reopen it).
 """
 
 from __future__ import annotations
@@ -91,7 +96,12 @@ def time_case(case: Mapping[str, Any], *, reps: int, warmup: int) -> list[float]
 
 
 def _time_once(case: Mapping[str, Any], fn) -> float:
-    """One rep of ``case``: after a barrier, until the slowest rank is done (p2p: one way)."""
+    """One rep of ``case``: after a barrier, until the slowest rank is done (p2p: one way). A case
+    with ``idle_s`` first leaves every connection idle that long (a training step's compute), so
+    the rep starts on connections that TCP may have sent back to slow start."""
+    idle = float(case.get("idle_s", 0.0))
+    if idle > 0:
+        time.sleep(idle)
     dist.barrier()
     t0 = time.perf_counter()
     fn()
