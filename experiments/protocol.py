@@ -52,6 +52,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
+import hashlib
 import json
 import math
 import os
@@ -297,8 +299,27 @@ def execute(run: Run, folder: Path) -> float:
     if proc.returncode != 0 or not (folder / SUMMARY_NAME).is_file():
         tail = log_path.read_text()[-1500:]
         raise RuntimeError(f"run {run.name} failed (exit {proc.returncode}); log {log_path}:\n{tail}")
-    common.write_json({"settings": run.settings(), "wall_s": wall_s}, folder / MARK_NAME)
+    common.write_json({"settings": run.settings(), "wall_s": wall_s, "code": code_version()}, folder / MARK_NAME)
     return wall_s
+
+
+_TRAINING_CODE = ("igpolicy", "igrt")  # what an igrt train run executes (igsim and igplot do not train)
+
+
+@functools.cache
+def code_version(root: Path = REPO) -> str:
+    """A fingerprint of the training code (every ``.py`` file of :data:`_TRAINING_CODE` under ``root``):
+    12 hex digits, the same for a git checkout and a ``git archive`` snapshot of one commit.
+
+    It is recorded with every run (``protocol_run.json``, ``runs.csv``'s ``code``) and is *not* part of
+    the cache key: a multi-session study would otherwise retrain every cached run after any commit,
+    most of which do not change what a run computes. The report names the versions its runs came
+    from, so a table mixing them says so."""
+    h = hashlib.sha256()
+    for pkg in _TRAINING_CODE:
+        for f in sorted((root / pkg).rglob("*.py")):
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
 
 
 def _claim(lock: Path) -> Path | None:
@@ -358,6 +379,7 @@ def probe_seconds_per_step(study: Study, base: Run, runs_dir: Path) -> float | N
 def load_result(run: Run, folder: Path) -> dict[str, Any]:
     """A finished run's numbers: pre- and post-flush quality, bytes (steps, flush), curve points."""
     summary = json.loads((folder / SUMMARY_NAME).read_text())
+    mark = json.loads((folder / MARK_NAME).read_text())
     metric = QUALITY[run.workload][0]
     history = summary["eval"]["history"]
     pre = [e for e in history if e.get("before_flush")]
@@ -377,7 +399,8 @@ def load_result(run: Run, folder: Path) -> dict[str, Any]:
             float(cum[int(e["step"]) - 1]) if int(e["step"]) > 0 and cum.size else 0.0 for e in points
         ],
         "curve_values": [float(e[metric]) for e in points],
-        "wall_s": json.loads((folder / MARK_NAME).read_text()).get("wall_s", math.nan),
+        "wall_s": mark.get("wall_s", math.nan),
+        "code": mark.get("code", "unknown"),  # runs of older protocol versions did not record it
     }
 
 
@@ -538,6 +561,14 @@ def run_all(study: Study, todo: Sequence[Run], runs_dir: Path, results: dict[str
     return True
 
 
+def code_versions(run_rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """How many of the tables' runs each training-code version trained (``unknown``: not recorded)."""
+    out: dict[str, int] = {}
+    for row in run_rows:
+        out[row.get("code", "unknown")] = out.get(row.get("code", "unknown"), 0) + 1
+    return out
+
+
 def tables(
     settings, results, runs: Sequence[Run], best: Mapping[str, float], recording, floor
 ) -> dict[str, Any]:
@@ -558,6 +589,7 @@ def tables(
             "bytes_per_step": res["bytes_per_step"], "flush_bytes": res["flush_bytes"],
             "run_bytes_incl_flush": total, "recording_bytes": rec, "run_bytes_incl_flush_and_recording": total + rec,
             "catch_up": res["summary"].get("config", {}).get("catch_up"), "wall_s": res["wall_s"],
+            "code": res.get("code", "unknown"),
         })  # fmt: skip
         if r.seed == 0:
             tuning_rows.append({"method": r.tag, "lr": r.lr, f"{metric}_pre_flush": res["quality"],
@@ -731,11 +763,14 @@ def run(study: Study) -> dict[str, Any]:
                   f"({row['diff_unit']}); {row['bytes_vs_topk']:.3f} x Top-k's bytes/step")  # fmt: skip
     for tg in t["targets"]:
         study.log(f"  target {tg['target']}: {tg['value']} -> {'met' if tg['met'] else 'missed'}")
+    versions = code_versions(t["runs"])
+    study.log(f"  training code of these runs: {', '.join(f'{v} ({n} run(s))' for v, n in versions.items())}"
+              + (" -- more than one version" if len(versions) > 1 else "") + f"; this checkout {code_version()}")  # fmt: skip
     return study.finish(
         settings={k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()},
         runs_dir=str(runs_dir), complete=finished, runs_done=len(t["runs"]),
         runs_planned=len(tuning) + len(seed_runs_planned), best_lr=best, recording=recording,
-        majority_floor=floor, targets=t["targets"],
+        majority_floor=floor, targets=t["targets"], code_versions=versions, code=code_version(),
     )  # fmt: skip
 
 

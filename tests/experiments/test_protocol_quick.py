@@ -215,3 +215,27 @@ def test_thinned_top_k_controls_run_top_k_at_their_share_of_the_density(tmp_path
         want[want.index("--density") + 1] = f"{run.density:g}"
         assert cmd == want  # Top-k+EF's own command at the thinned density
     assert THINNED["topk_quarter"] == 0.25
+
+
+def test_every_run_records_the_training_code_version_which_is_not_its_cache_key(study: Path, tmp_path: Path) -> None:
+    from experiments.protocol import MARK_NAME, code_version
+
+    here = code_version()
+    assert len(here) == 12 and int(here, 16) >= 0
+    rows = _rows(study / "out" / "runs.csv")
+    assert rows and {r["code"] for r in rows} == {here}
+    for r in rows:
+        mark = json.loads((study / "runs" / f"{r['method']}-lr{float(r['lr']):g}-s{r['seed']}" / MARK_NAME).read_text())
+        assert mark["code"] == here and "code" not in mark["settings"]
+    assert f"training code of these runs: {here} ({len(rows)} run(s)); this checkout {here}" in (
+        study / "out" / "log.txt"
+    ).read_text()
+    # a changed training file changes the version; a file outside the training code does not
+    for pkg in ("igpolicy", "igrt", "igsim"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "a.py").write_text("x = 1\n")
+    before = code_version.__wrapped__(tmp_path)
+    (tmp_path / "igsim" / "a.py").write_text("x = 2\n")
+    assert code_version.__wrapped__(tmp_path) == before
+    (tmp_path / "igrt" / "a.py").write_text("x = 2\n")
+    assert code_version.__wrapped__(tmp_path) != before
