@@ -13,7 +13,7 @@ with the setting on and off, on a quiet CPU and with ``--busy`` processes spinni
         [--busy 2] [--out docs/validation-data/cold-connections]
 
 Root only (it builds and removes its own testbeds). Prints one table and writes ``cold.json``
-(every rep's time) and ``cold.csv``.
+(every rep's time, and every shaper's dropped packets per setting) and ``cold.csv``.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def _spinners(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(n)]
 
 
-def measure_setting(*, ranks: int, rate: float, slow_start: bool, busy: int, todo, reps: int) -> list[dict]:
+def measure_setting(*, ranks: int, rate: float, slow_start: bool, busy: int, todo, reps: int) -> tuple[list, dict]:
+    """The cases' records and the shapers' drop counts over the whole measurement."""
     from igrt.testbed import namespaces as tb
     from igrt.testbed.netmeasure import measure
 
@@ -63,7 +64,12 @@ def measure_setting(*, ranks: int, rate: float, slow_start: bool, busy: int, tod
     tb.setup(spec)
     spin = _spinners(busy)
     try:
-        return measure(todo, spec=spec, reps=reps, warmup=1, interleave=True)["results"]
+        before = tb.shaper_counters(spec.run_id)
+        results = measure(todo, spec=spec, reps=reps, warmup=1, interleave=True)["results"]
+        after = tb.shaper_counters(spec.run_id)
+        drops = {k: after[k]["drops"] - before[k]["drops"] for k in after}
+        packets = sum(after[k]["packets"] - before[k]["packets"] for k in after)
+        return results, {"dropped_packets": sum(drops.values()), "shaped_packets": packets, "drops": drops}
     finally:
         for p in spin:
             p.kill()
@@ -97,8 +103,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for i, (ss, busy) in enumerate(settings, 1):
         print(f"[{time.monotonic() - t0:5.0f} s] setting {i}/{len(settings)}: slow start after idle "
               f"{int(ss)}, {busy} spinning process(es)", file=sys.stderr, flush=True)  # fmt: skip
-        results = measure_setting(ranks=a.ranks, rate=rate, slow_start=ss, busy=busy, todo=todo, reps=a.reps)
-        raw.append({"slow_start_after_idle": ss, "busy": busy, "results": results})
+        results, shapers = measure_setting(ranks=a.ranks, rate=rate, slow_start=ss, busy=busy, todo=todo,
+                                           reps=a.reps)  # fmt: skip
+        raw.append({"slow_start_after_idle": ss, "busy": busy, "results": results, "shapers": shapers})
+        print(f"        shapers: {shapers['dropped_packets']} of {shapers['shaped_packets']} packets dropped",
+              file=sys.stderr, flush=True)  # fmt: skip
         half = len(results) // 2
         for warm, cold in zip(results[:half], results[half:]):
             w, c = statistics.median(warm["times_s"]), statistics.median(cold["times_s"])
@@ -117,6 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in rows:
         print(f"{r['slow_start_after_idle']:>10} {r['busy']:>4}  {r['case']:34} {r['warm_ms']:8.2f} "
               f"{r['cold_ms']:8.2f} {r['cold_minus_warm_ms']:9.2f} {r['cold_vs_warm_pct']:6.1f}")  # fmt: skip
+    for x in raw:
+        sh = x["shapers"]
+        print(f"slow start {int(x['slow_start_after_idle'])}, busy {x['busy']}: shapers dropped "
+              f"{sh['dropped_packets']} of {sh['shaped_packets']} packets")  # fmt: skip
     print(f"wrote {out / 'cold.csv'} and cold.json ({meta['wall_s']:.0f} s)")
     return 0
 

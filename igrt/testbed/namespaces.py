@@ -23,6 +23,7 @@ RUN`` (or ``--all``, explicitly) removes it; :func:`leftovers` lists it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -31,7 +32,8 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["PREFIX", "Testbed", "TestbedError", "TestbedSpec", "leftovers", "new_run_id", "run_ids", "support_problem",
+__all__ = ["PREFIX", "Testbed", "TestbedError", "TestbedSpec", "leftovers", "new_run_id", "run_ids", "shaper_counters",
+           "support_problem",
            "teardown", "teardown_all"]  # fmt: skip
 
 PREFIX = "igtb-"
@@ -329,6 +331,20 @@ def _setup_ring(spec: TestbedSpec) -> None:
             _run(_ns(ns, "ip", "route", "add", f"{spec.rank_addr(peer)}/32", "dev", dev, "src",
                      spec.rank_addr(r)))  # fmt: skip
             _tbf(ns, dev, min(spec.rank_rate(r), spec.rank_rate(peer)), spec.mtu, spec.queue_s)
+
+
+def shaper_counters(run_id: str) -> dict[str, dict[str, int]]:
+    """Every tbf shaper of testbed ``run_id``: ``{"NAMESPACE/DEV": {"packets", "bytes", "drops",
+    "overlimits"}}``, cumulative since it was built (``tc -s -j qdisc show`` in each namespace). A
+    drop is a packet the shaper's queue had no room for: TCP retransmits it (for incast of several
+    senders into one shallow queue, the cost the flow model leaves out)."""
+    out: dict[str, dict[str, int]] = {}
+    for ns in leftovers(run_id):
+        proc = _run(["ip", "netns", "exec", ns, "tc", "-s", "-j", "qdisc", "show"])
+        for q in json.loads(proc.stdout or "[]"):
+            if q.get("kind") == "tbf":
+                out[f"{ns}/{q['dev']}"] = {k: int(q.get(k, 0)) for k in ("packets", "bytes", "drops", "overlimits")}
+    return out
 
 
 def exec_args(spec: TestbedSpec, rank: int) -> list[str]:

@@ -153,3 +153,43 @@ def test_slow_start_after_idle_is_set_per_rank_namespace(ring):
     with testbed.Testbed(default):
         assert [_sysctl(default, r, key) for r in range(2)] == ["1", "1"]
     assert subprocess.run(["sysctl", "-n", key], capture_output=True, text=True).stdout.strip() == host
+
+
+def test_shaper_counters_count_what_each_tbf_shaper_passed_and_dropped():
+    spec = testbed.TestbedSpec(num_ranks=2, rate_bytes_per_s=1e6)
+    with testbed.Testbed(spec):
+        before = testbed.shaper_counters(spec.run_id)
+        # both ranks' egress and both switch ports: 4 shapers, nothing sent yet beyond set-up
+        assert len(before) == 4 and all(set(c) == {"packets", "bytes", "drops", "overlimits"} for c in before.values())
+        server = subprocess.Popen([*testbed.exec_args(spec, 1), sys.executable, "-c", _SINK, spec.rank_addr(1)])
+        try:
+            subprocess.run([*testbed.exec_args(spec, 0), sys.executable, "-c", _SEND, spec.rank_addr(1)], check=True,
+                           timeout=60)  # fmt: skip
+        finally:
+            server.wait(timeout=60)
+        after = testbed.shaper_counters(spec.run_id)
+        sent = {k: after[k]["bytes"] - before[k]["bytes"] for k in after}
+        # 50 kB of payload left rank 0 through its shaper and reached rank 1 through its switch port
+        assert sum(1 for v in sent.values() if v >= 50_000) == 2
+        assert all(after[k][c] >= before[k][c] >= 0 for k in after for c in after[k])  # cumulative
+    assert testbed.shaper_counters(spec.run_id) == {}  # torn down
+
+
+_SINK = """
+import socket, sys
+s = socket.create_server((sys.argv[1], 29999))
+c, _ = s.accept()
+while c.recv(65536):
+    pass
+"""
+_SEND = """
+import socket, sys, time
+for _ in range(100):
+    try:
+        c = socket.create_connection((sys.argv[1], 29999), timeout=5)
+        break
+    except OSError:
+        time.sleep(0.1)
+c.sendall(bytes(50_000))
+c.close()
+"""
