@@ -50,6 +50,7 @@ Writes ``runs.csv`` (every run), ``tuning.csv``, ``summary.csv``, ``targets.json
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -563,10 +564,7 @@ def run_all(study: Study, todo: Sequence[Run], runs_dir: Path, results: dict[str
 
 def code_versions(run_rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     """How many of the tables' runs each training-code version trained (``unknown``: not recorded)."""
-    out: dict[str, int] = {}
-    for row in run_rows:
-        out[row.get("code", "unknown")] = out.get(row.get("code", "unknown"), 0) + 1
-    return out
+    return dict(collections.Counter(row.get("code", "unknown") for row in run_rows))
 
 
 def tables(

@@ -336,8 +336,8 @@ def _setup_ring(spec: TestbedSpec) -> None:
 def shaper_counters(run_id: str) -> dict[str, dict[str, int]]:
     """Every tbf shaper of testbed ``run_id``: ``{"NAMESPACE/DEV": {"packets", "bytes", "drops",
     "overlimits"}}``, cumulative since it was built (``tc -s -j qdisc show`` in each namespace). A
-    drop is a packet the shaper's queue had no room for: TCP retransmits it (for incast of several
-    senders into one shallow queue, the cost the flow model leaves out)."""
+    drop is a packet the shaper's queue had no room for, which TCP sends again; on the star every
+    drop measured was at a sender's own egress, none at a switch port (docs/validation.md)."""
     out: dict[str, dict[str, int]] = {}
     for ns in leftovers(run_id):
         proc = _run(["ip", "netns", "exec", ns, "tc", "-s", "-j", "qdisc", "show"])

@@ -18,7 +18,8 @@ Case kinds (``op``):
 A case with ``idle_s`` > 0 sleeps that long on every rank before each rep's barrier: a *cold* case,
 timing what a training step's first collective meets after its compute (with Linux's
 ``tcp_slow_start_after_idle``, a connection idle longer than its retransmission timeout restarts
-from the initial congestion window; the barrier's few bytes do not reopen it).
+from the initial congestion window). On the namespace testbed cold and warm cases time the same
+(``python -m experiments.cold_connections``; docs/validation.md).
 """
 
 from __future__ import annotations
