@@ -107,9 +107,9 @@ LABELS = {
     "imp_online_r8": "importance, online profiling, R = 8",
     "topk_quarter": "Top-k+EF thinned to 0.25 x bytes",
 }
-# Top-k+EF controls thinned by a fixed share of its bytes (the target's 0.25 x), beside topk_equal's
-# share of the knee plan (which the protocol derives from the plan)
-THINNED = {"topk_quarter": 0.25}
+# Top-k+EF thinned to a share of its bytes: the knee plan's expected share (None: derived from the
+# plan) or a fixed one (the bytes target's 0.25 x)
+THINNED = {"topk_equal": None, "topk_quarter": 0.25}
 # the method's parts, each on its own (issue 15, item 2): a variant of the importance run with one
 # switch changed; (the plan it follows or None, the extra ``igrt train`` flags, its release period or
 # None for --release-period's). ``{warmup}`` is the LR warm-up's step count, the sync warm-up then
@@ -243,7 +243,7 @@ class Run:
         if self.tag.startswith("powersgd"):
             return [sys.executable, "-m", "experiments.protocol", "--powersgd-run", str(folder)]
         imp = {p: "importance" for p in (*PLAN_POLICIES, *VARIANTS)}
-        policy = {"topk_equal": "topk", **dict.fromkeys(THINNED, "topk"), **imp}.get(self.tag, self.tag)
+        policy = {**dict.fromkeys(THINNED, "topk"), **imp}.get(self.tag, self.tag)
         cmd = [sys.executable, "-m", "igrt", "train", "--workload", self.workload, "--policy", policy]
         cmd += ["--steps", str(self.steps), "--seed", str(self.seed), "--lr", f"{self.lr:g}"]
         cmd += ["--schedule", "cosine", "--warmup-steps", str(self.warmup_steps)]
@@ -484,10 +484,9 @@ def build_runs(settings: Mapping[str, Any], plans: Mapping[str, Any], paths: Map
 
 def _run(settings, tag: str, *, lr: float, seed: int, plans, paths) -> Run:
     density = settings["density"]
-    if tag == "topk_equal":
-        density = round(density * expected_bytes_share(plans["importance"]), 6)
-    elif tag in THINNED:
-        density = round(density * THINNED[tag], 6)
+    if tag in THINNED:
+        share = THINNED[tag]
+        density = round(density * (expected_bytes_share(plans["importance"]) if share is None else share), 6)
     plan_tag, extra, period = VARIANTS.get(tag, (tag if tag in PLAN_POLICIES else None, (), None))
     plan = plans.get(plan_tag) if plan_tag else None
     return Run(

@@ -253,7 +253,7 @@ def _exit_without_finalizing() -> None:
     ``destroy_process_group`` unregisters the group, but the C++ gloo group lives on while anything
     still references it (a DDP reducer, a pending future's callback); it is then destroyed during
     interpreter teardown, where its worker threads can abort the process (SIGABRT, "terminate called
-    without an active exception"; pytorch/pytorch#179291, seen in CI about once in three full runs).
+    without an active exception"; pytorch/pytorch#179291; it failed two CI runs of this suite).
     The result is already written to the queue (a ``SimpleQueue`` writes synchronously), so nothing
     is lost by exiting here. A failing rank exits through the usual path (its error is queued).
     """
