@@ -35,7 +35,10 @@ run), ``imp_online_r8`` (the same at release period 8).
 experiments.protocol --powersgd-run DIR`` for PowerSGD) writing into its own folder under
 ``--runs``; a folder whose ``summary.json`` is complete and whose ``protocol_run.json`` names the same
 settings is not run again, any other folder is cleared and redone. Stop the study at any time and
-start it with the same command: it continues. Before starting it prints how many runs are cached
+start it with the same command: it continues. What the tables need of each finished run
+(``summary.json``, ``protocol_run.json``, ``metrics.csv``) is also kept in ``--out/run-records``,
+so a study whose ``--out`` is committed resumes from a fresh checkout with an empty ``--runs``: its
+records are restored, not retrained. Before starting it prints how many runs are cached
 and to do and the expected duration (from the measured seconds per step of the runs already done,
 else of a short timed probe run), and a progress line per run.
 
@@ -128,6 +131,10 @@ LR_GRID = {"minilm": (1e-4, 3e-4, 5e-5), "gpt": (3e-4, 1e-3, 1e-4)}
 FULL_STEPS = {"minilm": 300, "gpt": 300}
 QUICK = {"steps": 6, "lrs": (1e-3,), "seeds": 1, "eval_every": 3}
 SUMMARY_NAME, MARK_NAME = "summary.json", "protocol_run.json"
+# what the tables need of a finished run: kept in ``--out/run-records`` (small enough to commit) so a
+# study survives the loss of its ``--runs`` cache (checkpoints, logs) and resumes from a fresh checkout
+RECORD_FILES = (SUMMARY_NAME, MARK_NAME, "metrics.csv")
+RECORDS_DIR = "run-records"
 
 
 # ------------------------------------------------------------------------------------ controls
@@ -277,6 +284,31 @@ def is_complete(folder: Path, run: Run) -> bool:
         and summary.get("stats", {}).get("num_steps") == run.steps
         and bool(summary.get("eval", {}).get("history"))
     )
+
+
+def keep_record(folder: Path, records: Path) -> None:
+    """Copy a finished run's :data:`RECORD_FILES` into ``records/<folder name>``."""
+    dest = records / folder.name
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in RECORD_FILES:
+        if (folder / name).is_file():
+            shutil.copy2(folder / name, dest / name)
+
+
+def restore_records(todo: Sequence[Run], runs_dir: Path, records: Path) -> int:
+    """Bring back into ``runs_dir`` every run of ``todo`` that is not complete there but whose
+    record in ``records`` is (same settings): the number restored. A record is a complete cached
+    run for :func:`is_complete` and :func:`load_result`; it is not retrained."""
+    n = 0
+    for r in todo:
+        src, dst = records / r.name, runs_dir / r.name
+        if is_complete(dst, r) or not is_complete(src, r):
+            continue
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.copytree(src, dst)
+        n += 1
+    return n
 
 
 def execute(run: Run, folder: Path) -> float:
@@ -516,8 +548,11 @@ def best_lrs(settings, results: Mapping[str, dict[str, Any]], tuning: Sequence[R
 
 def run_all(study: Study, todo: Sequence[Run], runs_dir: Path, results: dict[str, dict[str, Any]], *,
             estimate_s_per_step: float | None, stop_at: float | None) -> bool:  # fmt: skip
-    """Train the runs of ``todo`` that are not cached, one after another, a progress line each.
-    False when ``stop_at`` (a time.monotonic deadline) came first."""
+    """Train the runs of ``todo`` that are not cached, one after another, a progress line each, and
+    keep each finished run's record in ``--out/run-records``. False when ``stop_at`` (a
+    time.monotonic deadline) came first."""
+    records = study.out / RECORDS_DIR
+    restore_records(todo, runs_dir, records)
     pending = [r for r in todo if not is_complete(runs_dir / r.name, r)]
     for r in todo:
         if r not in pending and r.name not in results:
@@ -551,6 +586,7 @@ def run_all(study: Study, todo: Sequence[Run], runs_dir: Path, results: dict[str
             continue
         finally:
             lock.unlink(missing_ok=True)
+        keep_record(runs_dir / r.name, records)
         res = results[r.name] = load_result(r, runs_dir / r.name)
         done.append((r, runs_dir / r.name))
         rate = _seconds_per_step(done)
@@ -715,6 +751,9 @@ def run(study: Study) -> dict[str, Any]:
     results: dict[str, dict[str, Any]] = {}
     seed_runs_planned = [_run(settings, t, lr=settings["lrs"][0], seed=s, plans=plans, paths=paths)
                          for t in settings["policies"] for s in range(1, settings["seeds"])]  # fmt: skip
+    restored = restore_records([*tuning, *seed_runs_planned], runs_dir, study.out / RECORDS_DIR)
+    if restored:
+        study.log(f"{restored} finished run(s) restored from {study.out / RECORDS_DIR} into {runs_dir}")
     cached = [(r, runs_dir / r.name) for r in tuning if is_complete(runs_dir / r.name, r)]
     rate = _seconds_per_step(cached) or _seconds_per_step(
         [(r, runs_dir / r.name) for r in seed_runs_planned if is_complete(runs_dir / r.name, r)]
@@ -738,6 +777,9 @@ def run(study: Study) -> dict[str, Any]:
         study.log(f"seeds 1..{settings['seeds'] - 1} at each method's best LR: {best}")
         finished = run_all(study, seed_runs, runs_dir, results, estimate_s_per_step=rate, stop_at=stop_at)
     all_runs = [*tuning, *seed_runs]
+    for r in all_runs:  # runs cached before records were kept get one too
+        if is_complete(runs_dir / r.name, r) and not is_complete(study.out / RECORDS_DIR / r.name, r):
+            keep_record(runs_dir / r.name, study.out / RECORDS_DIR)
     t = tables(settings, results, all_runs, best, recording, floor)
     common.write_csv(t["runs"], study.out / "runs.csv")
     common.write_csv(t["tuning"], study.out / "tuning.csv")

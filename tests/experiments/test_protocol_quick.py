@@ -69,6 +69,41 @@ def test_quick_writes_paired_pre_flush_tables_with_the_floor_and_bytes(study: Pa
     assert meta["complete"] is True and meta["runs_done"] == meta["runs_planned"] == 2
 
 
+def test_a_lost_run_cache_is_restored_from_the_committed_records_not_retrained(
+    study: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """A fresh checkout holds ``--out`` (committed, with its run records) but no ``--runs`` cache."""
+    import shutil
+
+    from experiments import protocol
+
+    trained: list[str] = []
+    real = protocol.execute
+    monkeypatch.setattr(protocol, "execute", lambda run, folder: trained.append(run.name) or real(run, folder))
+    records = study / "out" / protocol.RECORDS_DIR
+    assert sorted(p.name for p in records.iterdir()) == ["importance-lr0.001-s0", "topk-lr0.001-s0"]
+    for rec in records.iterdir():  # only what the tables need: no checkpoint, no log
+        assert sorted(p.name for p in rec.iterdir()) == sorted(protocol.RECORD_FILES)
+    fresh = tmp_path / "fresh"
+    shutil.copytree(study / "out", fresh / "out")
+    argv = [*_argv(fresh), "--cache", str(study / "cache")]
+    assert protocol.main(argv) == 0
+    assert trained == []
+    log = (fresh / "out" / "log.txt").read_text()
+    assert "2 finished run(s) restored" in log and "2 run(s) cached, 0 to do" in log
+    assert _rows(fresh / "out" / "runs.csv") == _rows(study / "out" / "runs.csv")
+    # a record of other settings is not a finished run of these: it is trained, not restored
+    mark = records / "topk-lr0.001-s0" / protocol.MARK_NAME
+    other = tmp_path / "other"
+    shutil.copytree(study / "out", other / "out")
+    m = json.loads(mark.read_text())
+    m["settings"]["steps"] += 1
+    (other / "out" / protocol.RECORDS_DIR / "topk-lr0.001-s0" / protocol.MARK_NAME).write_text(json.dumps(m))
+    assert protocol.main([*_argv(other), "--cache", str(study / "cache")]) == 0
+    assert trained == ["topk-lr0.001-s0"]
+    assert "1 finished run(s) restored" in (other / "out" / "log.txt").read_text()
+
+
 def test_a_second_invocation_reuses_the_cache_and_an_incomplete_run_is_redone(
     study: Path, monkeypatch
 ) -> None:
@@ -88,10 +123,13 @@ def test_a_second_invocation_reuses_the_cache_and_an_incomplete_run_is_redone(
     assert trained == []  # everything cached: no run, no probe
     assert summary.stat().st_mtime_ns == before
     assert "2 run(s) cached, 0 to do" in (study / "out" / "log.txt").read_text()
+    record = study / "out" / protocol.RECORDS_DIR / "topk-lr0.001-s0" / "summary.json"
     summary.unlink()  # as if the run had been killed before igrt train wrote its summary
+    record.unlink()  # (a killed run has no record: it is kept only once the run succeeded)
     assert protocol.main(_argv(study)) == 0
-    assert trained == ["topk-lr0.001-s0"] and summary.is_file()
+    assert trained == ["topk-lr0.001-s0"] and summary.is_file() and record.is_file()
     summary.unlink()
+    record.unlink()
     assert protocol.main([*_argv(study), "--report-only"]) == 0  # tables only: the gap is reported, not run
     assert trained == ["topk-lr0.001-s0"] and not summary.exists()
     assert [r["method"] for r in _rows(study / "out" / "runs.csv")] == ["importance"]
