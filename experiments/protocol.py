@@ -57,6 +57,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import gzip
 import hashlib
 import json
 import math
@@ -133,7 +134,7 @@ QUICK = {"steps": 6, "lrs": (1e-3,), "seeds": 1, "eval_every": 3}
 SUMMARY_NAME, MARK_NAME = "summary.json", "protocol_run.json"
 # what the tables need of a finished run: kept in ``--out/run-records`` (small enough to commit) so a
 # study survives the loss of its ``--runs`` cache (checkpoints, logs) and resumes from a fresh checkout
-RECORD_FILES = (SUMMARY_NAME, MARK_NAME, "metrics.csv")
+RECORD_FILES = (SUMMARY_NAME, MARK_NAME, "metrics.csv")  # metrics.csv is kept gzipped: metrics.csv.gz
 RECORDS_DIR = "run-records"
 
 
@@ -291,7 +292,12 @@ def keep_record(folder: Path, records: Path) -> None:
     dest = records / folder.name
     dest.mkdir(parents=True, exist_ok=True)
     for name in RECORD_FILES:
-        if (folder / name).is_file():
+        if not (folder / name).is_file():
+            continue
+        if name.endswith(".csv"):
+            with open(folder / name, "rb") as src, gzip.open(dest / f"{name}.gz", "wb", mtime=0) as out:
+                shutil.copyfileobj(src, out)
+        else:
             shutil.copy2(folder / name, dest / name)
 
 
@@ -306,7 +312,13 @@ def restore_records(todo: Sequence[Run], runs_dir: Path, records: Path) -> int:
             continue
         if dst.exists():
             shutil.rmtree(dst)
-        shutil.copytree(src, dst)
+        dst.mkdir(parents=True)
+        for name in RECORD_FILES:
+            if (src / name).is_file():
+                shutil.copy2(src / name, dst / name)
+            elif (src / f"{name}.gz").is_file():
+                with gzip.open(src / f"{name}.gz", "rb") as f, open(dst / name, "wb") as out:
+                    shutil.copyfileobj(f, out)
         n += 1
     return n
 

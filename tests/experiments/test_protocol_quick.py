@@ -82,8 +82,8 @@ def test_a_lost_run_cache_is_restored_from_the_committed_records_not_retrained(
     monkeypatch.setattr(protocol, "execute", lambda run, folder: trained.append(run.name) or real(run, folder))
     records = study / "out" / protocol.RECORDS_DIR
     assert sorted(p.name for p in records.iterdir()) == ["importance-lr0.001-s0", "topk-lr0.001-s0"]
-    for rec in records.iterdir():  # only what the tables need: no checkpoint, no log
-        assert sorted(p.name for p in rec.iterdir()) == sorted(protocol.RECORD_FILES)
+    for rec in records.iterdir():  # only what the tables need (the metrics gzipped): no checkpoint, no log
+        assert sorted(p.name for p in rec.iterdir()) == ["metrics.csv.gz", protocol.MARK_NAME, protocol.SUMMARY_NAME]
     fresh = tmp_path / "fresh"
     shutil.copytree(study / "out", fresh / "out")
     argv = [*_argv(fresh), "--cache", str(study / "cache")]
