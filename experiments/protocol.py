@@ -295,7 +295,12 @@ def keep_record(folder: Path, records: Path) -> None:
         if not (folder / name).is_file():
             continue
         if name.endswith(".csv"):
-            with open(folder / name, "rb") as src, gzip.open(dest / f"{name}.gz", "wb", mtime=0) as out:
+            # GzipFile with mtime 0 and no file name: the same metrics give the same bytes each time
+            with (
+                open(folder / name, "rb") as src,
+                open(dest / f"{name}.gz", "wb") as raw,
+                gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as out,
+            ):
                 shutil.copyfileobj(src, out)
         else:
             shutil.copy2(folder / name, dest / name)
