@@ -29,7 +29,8 @@ schedule and evaluations; no flush: its error feedback is never sent); and the m
 switched on its own in an importance run (:data:`VARIANTS`): ``imp_nocatch`` (catch-up off),
 ``imp_warm`` (every component every step during the LR warm-up), ``imp_small`` (vectors of at most
 4,096 entries sent dense), ``imp_online`` (no offline plan: online profiling, so no profiling
-run), ``imp_online_r8`` (the same at release period 8).
+run), ``imp_online_r8`` (the same at release period 8), ``imp_online_r8_fresh`` (and the freshly
+initialised task head, ``--fresh auto``, its own component sent every step).
 
 **Cached and resumable.** Every run is one subprocess (``igrt train``, or ``python -m
 experiments.protocol --powersgd-run DIR`` for PowerSGD) writing into its own folder under
@@ -92,6 +93,7 @@ POLICIES = (
     "imp_online",
     "imp_online_r8",
     "topk_quarter",
+    "imp_online_r8_fresh",
 )
 QUICK_POLICIES = ("topk", "importance")
 LABELS = {
@@ -110,6 +112,7 @@ LABELS = {
     "imp_online": "importance, online profiling",
     "imp_online_r8": "importance, online profiling, R = 8",
     "topk_quarter": "Top-k+EF thinned to 0.25 x bytes",
+    "imp_online_r8_fresh": "importance, online profiling, R = 8, fresh head always sent",
 }
 # Top-k+EF thinned to a share of its bytes: the knee plan's expected share (None: derived from the
 # plan) or a fixed one (the bytes target's 0.25 x)
@@ -124,6 +127,8 @@ VARIANTS = {
     "imp_small": ("importance", ("--dense-small", "4096"), None),
     "imp_online": (None, ("--online-profile", "--catch-up"), None),
     "imp_online_r8": (None, ("--online-profile", "--catch-up"), 8),
+    # the freshly initialised task head (``--fresh auto``: MiniLM's classifier) its own always-sent component
+    "imp_online_r8_fresh": (None, ("--online-profile", "--catch-up", "--fresh", "auto"), 8),
 }
 PLAN_POLICIES = ("importance", "all_low", "random", "swapped")  # their own plans (the knee plan, controls)
 QUALITY = {"minilm": ("accuracy", +1), "gpt": ("loss", -1)}  # metric, +1 = higher is better

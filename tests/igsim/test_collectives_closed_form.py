@@ -166,7 +166,8 @@ def test_sparse_all_gathers(ks, a, b):
     _same(_flow(padded, p, a, b), af.padded_sparse_all_gather_s(**kw))
     ring = _flow(CollectiveSpec(op="sparse_all_gather", algorithm="ring", sizes_bytes=ks), p, a, b)
     _same(ring, af.ring_allgatherv_s(**kw))
-    assert ring >= af.allgatherv_bound_s(**kw) * (1 - REL)
+    # the abs tolerance of _same: a denormal α (5e-324) halves to 0 per hop in the star's latency
+    assert ring >= af.allgatherv_bound_s(**kw) * (1 - REL) - 1e-18
     # equal payloads: the ring meets the textbook all-gatherv cost (p-1)α + s·Σ_{j≠i} k_j / B
     equal = CollectiveSpec(op="sparse_all_gather", algorithm="ring", sizes_bytes=(ks[0],) * p)
     _same(
