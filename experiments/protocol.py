@@ -94,6 +94,7 @@ POLICIES = (
     "imp_online_r8",
     "topk_quarter",
     "imp_online_r8_fresh",
+    "topk_fresh_equal",
 )
 QUICK_POLICIES = ("topk", "importance")
 LABELS = {
@@ -113,10 +114,12 @@ LABELS = {
     "imp_online_r8": "importance, online profiling, R = 8",
     "topk_quarter": "Top-k+EF thinned to 0.25 x bytes",
     "imp_online_r8_fresh": "importance, online profiling, R = 8, fresh head always sent",
+    "topk_fresh_equal": "Top-k+EF thinned to 0.457 x bytes",
 }
 # Top-k+EF thinned to a share of its bytes: the knee plan's expected share (None: derived from the
 # plan) or a fixed one (the bytes target's 0.25 x)
-THINNED = {"topk_equal": None, "topk_quarter": 0.25}
+THINNED = {"topk_equal": None, "topk_quarter": 0.25, "topk_fresh_equal": 0.457}  # 0.457: imp_online_r8_fresh
+# on MiniLM seed 0, measured (its equal-bytes control)
 # the method's parts, each on its own (issue 15, item 2): a variant of the importance run with one
 # switch changed; (the plan it follows or None, the extra ``igrt train`` flags, its release period or
 # None for --release-period's). ``{warmup}`` is the LR warm-up's step count, the sync warm-up then
