@@ -574,7 +574,8 @@ def best_lrs(settings, results: Mapping[str, dict[str, Any]], tuning: Sequence[R
 def run_all(study: Study, todo: Sequence[Run], runs_dir: Path, results: dict[str, dict[str, Any]], *,
             estimate_s_per_step: float | None, stop_at: float | None) -> bool:  # fmt: skip
     """Train the runs of ``todo`` that are not cached, one after another, a progress line each, and
-    keep each finished run's record in ``--out/run-records``. False when ``stop_at`` (a
+    keep each finished run's record in ``--out/run-records`` (a cached run's too, where it is missing:
+    the records of an ``--out`` cover every run of its tables). False when ``stop_at`` (a
     time.monotonic deadline) came first."""
     records = study.out / RECORDS_DIR
     restore_records(todo, runs_dir, records)
@@ -582,6 +583,8 @@ def run_all(study: Study, todo: Sequence[Run], runs_dir: Path, results: dict[str
     for r in todo:
         if r not in pending and r.name not in results:
             results[r.name] = load_result(r, runs_dir / r.name)
+        if r not in pending and not is_complete(records / r.name, r):  # a run cached before this --out
+            keep_record(runs_dir / r.name, records)
     done = [(r, runs_dir / r.name) for r in todo if r not in pending]
     rate = _seconds_per_step(done) or estimate_s_per_step
     eta = f"~{rate * sum(r.steps for r in pending) / 60:.1f} min" if rate else "unknown"

@@ -102,6 +102,13 @@ def test_a_lost_run_cache_is_restored_from_the_committed_records_not_retrained(
     assert protocol.main([*_argv(other), "--cache", str(study / "cache")]) == 0
     assert trained == ["topk-lr0.001-s0"]
     assert "1 finished run(s) restored" in (other / "out" / "log.txt").read_text()
+    # a new --out over the cached runs (a report-only pass) gets a record of every run of its tables
+    assert protocol.main([*_argv(study)[:2], "--quick", "--out", str(tmp_path / "new"), "--runs", str(study / "runs"),
+                          "--cache", str(study / "cache"), "--nproc", "1", "--report-only"]) == 0  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "new" / protocol.RECORDS_DIR).iterdir()) == sorted(
+        p.name for p in records.iterdir()
+    )
+    assert trained == ["topk-lr0.001-s0"]
 
 
 def test_a_second_invocation_reuses_the_cache_and_an_incomplete_run_is_redone(
