@@ -106,6 +106,10 @@ class PolicyConfig:
       statistics of the last ``online_window`` steps and switch to the plan profiled from them at
       the next step; before the first re-plan every component sends every step (or the given
       plan is followed). Policy ``importance`` only.
+    - ``max_share``: online re-plans cap their expected bytes per step at this share of every
+      component sending every step (:func:`igpolicy.profile.build_plan`: the threshold raised, the
+      lowest-scored important components made low, until the plan fits; 0: no cap). Needs online
+      profiling; for an offline plan give ``igsim profile --max-share``.
     """
 
     policy: str = "importance"
@@ -129,6 +133,7 @@ class PolicyConfig:
     warmup_steps: int = 0
     online_window: int = 0
     replan_every: int = 0
+    max_share: float = 0.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -233,6 +238,16 @@ class PolicyConfig:
             raise bad("online_window", self.online_window, "needs replan_every >= 1 (0: profiling off)")
         if self.replan_every and self.policy != "importance":
             raise bad("replan_every", self.replan_every, f"is for policy 'importance', not {self.policy!r}")
+        if isinstance(self.max_share, bool) or not isinstance(self.max_share, (int, float)):
+            raise bad("max_share", self.max_share, "must be a number")
+        if not (0.0 <= float(self.max_share) <= 1.0):
+            raise bad("max_share", self.max_share, "must be a share of the bytes in (0, 1] (0: no cap)")
+        if self.max_share and not self.replan_every:
+            raise bad(
+                "max_share", self.max_share,
+                "caps online re-plans and needs online profiling (replan_every >= 1); "
+                "cap an offline plan with igsim profile --max-share",
+            )  # fmt: skip
 
     @property
     def online_profiling(self) -> bool:

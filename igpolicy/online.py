@@ -250,10 +250,12 @@ def online_plan(
     method_params: Mapping[str, Any] | None = None,
     importance: ImportanceConfig | None = None,
     pinned: Iterable[str] = (),
+    max_share: float | None = None,
 ) -> tuple[SyncPlan, ImportanceScores, ThresholdResult]:
     """The plan of re-plan ``boundary`` from the reduced window vector (a pure function of it, so
     every rank gets the same plan): :func:`stats_from_vector`, then :func:`igpolicy.profile.profile`
-    with ``igsim profile``'s defaults. Its ``source`` says ``online`` and the window profiled."""
+    with ``igsim profile``'s defaults (``max_share``: its bytes cap, ``PolicyConfig.max_share``). Its
+    ``source`` says ``online`` and the window profiled."""
     stats = stats_from_vector(reduced, keys=keys, numel=numel, window=window, world_size=world_size)
     return profile(
         stats=stats,
@@ -263,6 +265,7 @@ def online_plan(
         method=method,
         method_params=dict(method_params) if method_params else None,
         pinned=pinned,
+        max_share=max_share,
         source={
             "online": True,
             "window": [int(boundary) - int(window), int(boundary)],

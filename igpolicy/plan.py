@@ -21,7 +21,7 @@ from igpolicy.config import PolicyConfig, check_keys
 from igpolicy.limits import MAX_SCORE, check_count
 from igpolicy.vocab import ComponentClass, ComponentId, ComponentKind
 
-__all__ = ["SCHEMA_VERSION", "ComponentPlan", "SyncPlan", "apply_policy_defaults", "compare_plans"]
+__all__ = ["SCHEMA_VERSION", "ComponentPlan", "SyncPlan", "apply_policy_defaults", "bytes_share", "compare_plans"]
 
 SCHEMA_VERSION = 1
 _TOP_KEYS = frozenset(
@@ -62,6 +62,14 @@ def _check_score(c: ComponentPlan) -> None:
             f"SyncPlan: component {c.key!r} has a score of magnitude above {MAX_SCORE:.0e} "
             f"(igpolicy.limits.MAX_SCORE; too large)"
         )
+
+
+def bytes_share(*, every_step: int, low: int, release_period: int) -> float:
+    """A plan's expected bytes per step over every component sending every step (Top-k's at the same
+    density): the components sent every step (pinned, important) in full, the low ones' over R (their
+    staggered phases release about 1/R of them each step). 1.0 when there are no bytes at all."""
+    total = every_step + low
+    return (every_step + low / release_period) / total if total else 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,6 +138,13 @@ class SyncPlan:
     @property
     def low(self) -> frozenset[str]:
         return frozenset(c.key for c in self.components if c.cls == ComponentClass.LOW)
+
+    @property
+    def expected_share(self) -> float:
+        """Expected bytes per step over every component every step (:func:`bytes_share`)."""
+        low = sum(c.expected_bytes for c in self.components if c.cls == ComponentClass.LOW)
+        every = sum(c.expected_bytes for c in self.components) - low
+        return bytes_share(every_step=every, low=low, release_period=self.release_period)
 
     # ----------------------------------------------------------- serialising
     def _body(self) -> dict[str, Any]:

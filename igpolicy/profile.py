@@ -11,6 +11,12 @@ Classes follow one rule set, in order:
 3. **low** — the rest, split into ``release_period`` phases of equal expected bytes by
    :func:`igpolicy.schedule.assign_phases`.
 
+With a bytes cap (``max_share``, a share of every component sending every step) the threshold is
+raised until the plan fits: while the plan's :func:`igpolicy.plan.bytes_share` is above the cap,
+the lowest-scored important component becomes low (ties: the first key first). Pinned components
+are never demoted, so a cap below what they alone send leaves every candidate low and is recorded
+as not reached.
+
 :func:`profile` is the one-call pipeline (statistics -> scores -> threshold -> plan) behind
 ``igsim profile``.
 """
@@ -25,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from igpolicy.importance import ComponentStats, ImportanceConfig, ImportanceScores, score_components
-from igpolicy.plan import ComponentPlan, SyncPlan
+from igpolicy.plan import ComponentPlan, SyncPlan, bytes_share
 from igpolicy.schedule import assign_phases
 from igpolicy.thresholds import ThresholdResult, split_scores
 from igpolicy.thresholds import method_params as check_method_params
@@ -95,12 +101,14 @@ def _build(
     pinned: Iterable[str],
     settings: Mapping[str, Any] | None,
     source: Mapping[str, Any] | None,
+    max_share: float | None = None,
 ) -> tuple[SyncPlan, ThresholdResult]:
     if isinstance(pinned, str):
         raise ValueError(f"profile: pinned must be a collection of component keys, not the string {pinned!r}")
     pinned_set = set(pinned)
     _check_inputs(scores, expected_bytes, release_period, pinned_set)
     params = check_method_params(method, method_params_)
+    check_max_share(max_share)
     settings = dict(settings or {})
     clash = sorted(set(settings) & set(_RECORDED_SETTINGS))
     if clash:
@@ -116,6 +124,7 @@ def _build(
         )
     result = _split(scores, candidates, method, params)
     important = {k for k, imp in zip(candidates, result.important) if imp}
+    cap = _cap_to_share(scores, candidates, important, expected_bytes, release_period, max_share) if max_share else None
     low = [k for k in candidates if k not in important]
     phases = assign_phases({k: int(expected_bytes[k]) for k in low}, num_phases=release_period) if low else {}
     assert set(phases) == set(low), "assign_phases must give every low component exactly one phase"
@@ -144,6 +153,8 @@ def _build(
         "num_important": len(important),
         "num_low": len(low),
     }
+    if cap is not None:
+        settings["threshold"]["max_share"] = cap
     settings["pinned"] = sorted(pinned_set)
     if low and release_period > 1:
         # held components get one optimizer step per release; catch-up restores their Adam pace
@@ -156,6 +167,50 @@ def _build(
         source=dict(source or {}),
     )
     return plan, result
+
+
+def check_max_share(max_share: float | None) -> None:
+    """A bytes cap is None or 0 (off), or a number in (0, 1]; ValueError otherwise."""
+    if max_share is None:
+        return
+    if isinstance(max_share, bool) or not isinstance(max_share, (int, float)) or not (0.0 <= max_share <= 1.0):
+        raise ValueError(f"profile: max_share={max_share!r} must be a share of the bytes in (0, 1] (0: no cap)")
+
+
+def _cap_to_share(
+    scores: ImportanceScores,
+    candidates: list[str],
+    important: set[str],
+    expected_bytes: Mapping[str, int],
+    release_period: int,
+    max_share: float,
+) -> dict[str, Any]:
+    """Demote ``important`` (in place), lowest score first, until the plan's expected share of the
+    bytes is at most ``max_share``; what it did, for the plan's settings."""
+    score_of = scores.as_dict()
+    total = sum(int(expected_bytes[k]) for k in scores.keys)
+    low = sum(int(expected_bytes[k]) for k in candidates if k not in important)
+    every = total - low  # pinned and important
+
+    def share() -> float:
+        return bytes_share(every_step=every, low=low, release_period=release_period)
+
+    before = share()
+    demoted: list[str] = []
+    for key in sorted(important, key=lambda k: (score_of[k], k)):
+        if share() <= max_share:
+            break
+        important.discard(key)
+        b = int(expected_bytes[key])
+        every, low = every - b, low + b
+        demoted.append(key)
+    return {
+        "cap": float(max_share),
+        "share_before": before,
+        "share": share(),
+        "reached": share() <= max_share,
+        "demoted": demoted,
+    }
 
 
 def _finite(details: Mapping[str, Any]) -> dict[str, Any]:
@@ -180,6 +235,7 @@ def build_plan(
     pinned: Iterable[str] = (),
     settings: Mapping[str, Any] | None = None,
     source: Mapping[str, Any] | None = None,
+    max_share: float | None = None,
 ) -> SyncPlan:
     """Classify every scored component (pinned / important / low, see the module docstring) into a plan.
 
@@ -187,7 +243,9 @@ def build_plan(
     balance the low components' phases, each in [0, release_period)). ``settings`` is recorded in the
     plan next to what the profiler records itself (``importance`` weights and window, ``threshold``
     method, parameters and value, ``pinned``, and ``policy_defaults``: ``catch_up`` on when there are
-    low components and R > 1); ``source`` says where the statistics came from.
+    low components and R > 1); ``source`` says where the statistics came from. ``max_share`` caps
+    the plan's expected bytes per step at that share of every component every step (module
+    docstring; None or 0: no cap), recorded as ``settings["threshold"]["max_share"]``.
 
     Raises ValueError when ``expected_bytes`` or ``pinned`` do not match the scored keys, a key is
     malformed, the method or its parameters are bad, or every component is pinned.
@@ -201,6 +259,7 @@ def build_plan(
         pinned=pinned,
         settings=settings,
         source=source,
+        max_share=max_share,
     )
     return plan
 
@@ -215,8 +274,10 @@ def profile(
     method_params: Mapping[str, Any] | None = None,
     pinned: Iterable[str] = (),
     source: Mapping[str, Any] | None = None,
+    max_share: float | None = None,
 ) -> tuple[SyncPlan, ImportanceScores, ThresholdResult]:
-    """Statistics -> scores -> threshold -> plan, in one call (``importance`` None = defaults).
+    """Statistics -> scores -> threshold -> plan, in one call (``importance`` None = defaults;
+    ``max_share``: the bytes cap of :func:`build_plan`).
 
     Returns the plan, the scores of every component, and the threshold result over the unpinned
     components (``result.keys`` names them, in ``stats.keys`` order).
@@ -231,5 +292,6 @@ def profile(
         pinned=pinned,
         settings=None,
         source=source,
+        max_share=max_share,
     )
     return plan, scores, result

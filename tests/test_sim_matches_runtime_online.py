@@ -71,3 +71,38 @@ def test_an_online_run_without_its_plan_history_is_refused(online_run, tmp_path)
     (broken / "plans.jsonl").unlink()
     with pytest.raises(ValueError, match=r"without plans\.jsonl"):
         replay_run(broken)
+
+
+def test_a_bytes_capped_online_run_keeps_every_re_plan_under_its_cap_and_replays_exactly(tmp_path):
+    """``--max-share``: every re-plan's expected share is at most the cap (or, where the cap cannot be
+    met, nothing unpinned is important), the cap made some component low, and the replay of the
+    run's plans still costs exactly its bytes."""
+    from igpolicy.plan import SyncPlan
+    from igpolicy.vocab import ComponentClass
+    from igrt.cli import main
+
+    cap = 0.55
+    out = tmp_path / "capped"
+    argv = [
+        "train", "--workload", "gpt", "--tiny", "--policy", "importance", "--online-profile",
+        "--online-window", "3", "--replan-every", "4", "--release-period", "2", "--steps", "9",
+        "--ranks", "2", "--backend", "gloo", "--batch-size", "4", "--no-eval", "--quiet", "--record-trace",
+        "--max-share", str(cap), "--out", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    plans = [json.loads(line) for line in (out / "plans.jsonl").read_text().splitlines()]
+    assert [p["step"] for p in plans] == [0, 4, 8]
+    demoted = 0
+    for entry in plans[1:]:
+        plan = SyncPlan.from_json(entry["plan"])
+        rec = plan.settings["threshold"]["max_share"]
+        assert rec["cap"] == cap
+        if rec["reached"]:
+            assert plan.expected_share <= cap
+        else:
+            assert not [c for c in plan.components if c.cls == ComponentClass.IMPORTANT]
+        demoted += len(rec["demoted"])
+    assert demoted, "the cap must bind on this run for the test to mean something"
+    s = replay_run(out).summary
+    assert s["bytes_exact"], s["byte_mismatches"][:5]
+    assert s["ops_exact"], s["op_mismatch_steps"]

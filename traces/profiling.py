@@ -38,12 +38,14 @@ def profile_trace(
     complete_prefix: bool = False,
     fresh: Sequence[str] = (),
     importance: ImportanceConfig | None = None,
+    max_share: float | None = None,
 ) -> tuple[SyncPlan, ImportanceScores, ThresholdResult]:
     """Profile ``trace_dir``; returns (SyncPlan, ImportanceScores, ThresholdResult).
 
     ``fresh``: fresh patterns (:func:`igpolicy.components.mark_fresh`): those parameters form the
     always-pinned component ``fresh``; recorded in the plan's ``source``. ``importance``: how
-    statistics become scores (None: :class:`igpolicy.importance.ImportanceConfig`'s defaults).
+    statistics become scores (None: :class:`igpolicy.importance.ImportanceConfig`'s defaults);
+    ``max_share``: the plan's bytes cap (:func:`igpolicy.profile.build_plan`).
     An incomplete trace (a recording that stopped mid-way) is refused unless ``complete_prefix``,
     which profiles the steps before its first incomplete one; the plan's ``source`` then says
     where the trace was cut (``truncated_at``).
@@ -82,6 +84,7 @@ def profile_trace(
         importance=importance,
         method=method,
         method_params=dict(method_params) if method_params else None,
+        max_share=max_share,
         source={
             "trace": str(trace_dir),
             "workload": manifest.workload,

@@ -144,6 +144,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--replan-every", type=int, default=None, metavar="P", help="steps between online re-plans"
     )
+    p.add_argument(
+        "--max-share",
+        type=float,
+        default=None,
+        metavar="S",
+        help="online re-plans: cap each plan's expected bytes per step at S x every component every step "
+        "(the lowest-scored important components made low until it fits; e.g. 0.18)",
+    )
     p.add_argument("--tiny", action="store_true", help="tiny random-init model (tests, smoke runs)")
     p.add_argument("--seed", type=int, default=0, help="model, data and sparsifier seed (default 0)")
     p.add_argument(
@@ -226,6 +234,7 @@ def policy_config(args: argparse.Namespace) -> PolicyConfig:
         ("index_bytes", args.index_bytes),
         ("value_bytes", args.value_bytes),
         ("row_sparse_embeddings", args.row_sparse_embeddings),
+        ("max_share", args.max_share),
     ):
         if value is not None:
             data[key] = value

@@ -161,6 +161,7 @@ class OnlineProfiler:
             window=self.schedule.window,
             world_size=self.sync.world_size,
             boundary=boundary,
+            max_share=self.sync.config.max_share or None,
         )
         parts = dict(zip(AGREE_PARTS, (plan.fingerprint[:AGREE_WIDTH], str(boundary))))
         if len(ops) > 1:  # more than one rank: agree on the plan

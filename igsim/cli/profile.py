@@ -56,6 +56,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="selected norm per sqrt(numel) (default, the prototype's) or per sqrt(selected entries): "
         "a row-sparse embedding is not diluted by its untouched rows",
     )
+    p.add_argument(
+        "--max-share",
+        type=float,
+        default=None,
+        metavar="S",
+        help="cap the plan's expected bytes per step at S x every component every step: the lowest-scored "
+        "important components become low until it fits (e.g. 0.25)",
+    )
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
 
 
@@ -91,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         complete_prefix=args.complete_prefix,
         fresh=tuple(args.fresh),
         importance=ImportanceConfig(size_norm=args.size_norm),
+        max_share=args.max_share,
     )
     if "truncated_at" in plan.source:
         print(
@@ -106,8 +115,16 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"threshold {result.method} = {result.threshold:.4f}: {n_imp} important, {n_pin} pinned, "
         f"{len(plan.low)} low of {len(plan.components)} components; low share of bytes "
-        f"{low_bytes / max(all_bytes, 1):.1%}; release period {plan.release_period}"
+        f"{low_bytes / max(all_bytes, 1):.1%}; release period {plan.release_period}; "
+        f"expected {plan.expected_share:.3f} x every component every step"
     )
+    cap = plan.settings["threshold"].get("max_share")
+    if cap is not None:
+        print(
+            f"bytes cap {cap['cap']:g}: {len(cap['demoted'])} important component(s) made low "
+            f"({cap['share_before']:.3f} -> {cap['share']:.3f})"
+            + ("" if cap["reached"] else "; NOT reached: that is the least with every unpinned component low")
+        )
     path = plan.save(args.out)
     print(f"wrote {path} (fingerprint {plan.fingerprint})")
     return 0

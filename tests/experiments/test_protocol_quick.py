@@ -171,7 +171,7 @@ def _plan() -> SyncPlan:
 
 
 def test_split_controls_are_plans_derived_from_the_real_plan() -> None:
-    from experiments.protocol import control_plans, expected_bytes_share
+    from experiments.protocol import control_plans
 
     plan = _plan()
     target = sum(c.expected_bytes for c in plan.components if c.cls == ComponentClass.IMPORTANT)
@@ -196,8 +196,8 @@ def test_split_controls_are_plans_derived_from_the_real_plan() -> None:
     swapped = controls["swapped"].important - {"other"}
     lowest = sorted((c for c in plan.components if c.key != "other"), key=lambda c: c.score)
     assert lowest[0].key in swapped and not (swapped & (plan.important - {"other"}))
-    assert expected_bytes_share(controls["all_low"]) == pytest.approx((50 + 2700 / 2) / 2750)
-    assert math.isclose(expected_bytes_share(plan), (50 + 1300 + 1400 / 2) / 2750)
+    assert controls["all_low"].expected_share == pytest.approx((50 + 2700 / 2) / 2750)
+    assert math.isclose(plan.expected_share, (50 + 1300 + 1400 / 2) / 2750)
 
 
 def test_a_run_lock_keeps_a_second_invocation_off_a_run_in_progress(tmp_path: Path) -> None:
@@ -246,7 +246,7 @@ def test_method_part_variants_switch_one_thing_each(tmp_path: Path) -> None:
 
 
 def test_thinned_top_k_controls_run_top_k_at_their_share_of_the_density(tmp_path: Path) -> None:
-    from experiments.protocol import LABELS, POLICIES, THINNED, _run, expected_bytes_share
+    from experiments.protocol import LABELS, POLICIES, THINNED, _run
 
     plans, paths = {"importance": _plan()}, {"importance": tmp_path / "importance.json"}
     settings = {"workload": "gpt", "tiny": True, "steps": 20, "warmup_steps": 2, "eval_every": 5, "nproc": 2,
@@ -255,7 +255,7 @@ def test_thinned_top_k_controls_run_top_k_at_their_share_of_the_density(tmp_path
     for tag, share in THINNED.items():
         assert tag in POLICIES and tag in LABELS
         run = _run(settings, tag, lr=1e-3, seed=0, plans=plans, paths=paths)
-        want_share = expected_bytes_share(plans["importance"]) if share is None else share
+        want_share = plans["importance"].expected_share if share is None else share
         assert run.density == round(0.01 * want_share, 6) < 0.01 and run.plan_path is None
         cmd, want = run.command(tmp_path), topk.command(tmp_path)
         want[want.index("--density") + 1] = f"{run.density:g}"
