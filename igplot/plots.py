@@ -393,5 +393,9 @@ def plot_quality_vs_bytes(
     ax.set_xscale("log")
     ax.set_xlabel(f"cumulative bytes per rank ({unit}; dotted: the final flush)")
     ax.set_ylabel(f"held-out {metric}")
-    ax.legend(loc="best")
+    if len(usable) <= 3:
+        ax.legend(loc="best")
+    else:  # more lines than fit beside them: the legend under the axes (the figure grows), never on a curve
+        fig.set_figheight(fig.get_figheight() + 0.19 * (len(usable) + (floor is not None)))
+        fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=1)
     return _save(fig, path)
