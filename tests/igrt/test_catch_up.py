@@ -224,12 +224,16 @@ def test_config_fingerprint_of_states_saved_before_catch_up_existed():
     # the dict of older versions: neither catch_up, nonfinite nor the issue-15 keys existed
     added = (
         "catch_up", "nonfinite", "fresh_patterns", "dense_small_numel", "warmup_steps",
-        "online_window", "replan_every",
+        "online_window", "replan_every", "max_share",
     )  # fmt: skip
     before = {k: v for k, v in config.to_dict().items() if k not in added}
     text = json.dumps(before, sort_keys=True, separators=(",", ":"), default=str)
     assert fp(config)["config"] == hashlib.sha256(text.encode()).hexdigest()[:16]
     assert fp(PolicyConfig(policy="topk", catch_up=True))["config"] != fp(config)["config"]
     assert fp(PolicyConfig(policy="topk", nonfinite="error"))["config"] != fp(config)["config"]
+    online = {"online_window": 5, "replan_every": 5}
+    assert fp(PolicyConfig(policy="importance", **online, max_share=0.2))["config"] != fp(
+        PolicyConfig(policy="importance", **online)
+    )["config"]
     for changed in ({"fresh_patterns": ("auto",)}, {"dense_small_numel": 4096}, {"warmup_steps": 5}):
         assert fp(PolicyConfig(policy="topk", **changed))["config"] != fp(config)["config"], changed
