@@ -136,7 +136,7 @@ VARIANTS = {
     # the freshly initialised task head (``--fresh auto``: MiniLM's classifier) its own always-sent component
     "imp_online_r8_fresh": (None, ("--online-profile", "--catch-up", "--fresh", "auto"), 8),
     # and every re-plan capped at 0.16 x Top-k's bytes per step (--max-share): with the all-send start
-    # (25 of 300 steps) a run of about 0.23 x, under the 0.25 x target with the ~9 % the fresh variant's
+    # (25 of 300 steps) a run of about 0.23 x, under the 0.25 x target with the 10 % the fresh variant's
     # measured bytes ran above its plans' expected ones
     "imp_online_r8_fresh_cap": (
         None, ("--online-profile", "--catch-up", "--fresh", "auto", "--max-share", "0.16"), 8,

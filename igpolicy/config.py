@@ -62,6 +62,15 @@ def check_keys(
         raise ValueError(f"{where}: " + "; ".join(problems))
 
 
+def check_max_share(max_share: object, *, where: str) -> None:
+    """A plan's bytes cap (``PolicyConfig.max_share``, ``igsim profile --max-share``) is None or 0
+    (off), or a number in (0, 1]; ValueError naming ``where`` otherwise."""
+    if max_share is None:
+        return
+    if isinstance(max_share, bool) or not isinstance(max_share, (int, float)) or not (0.0 <= max_share <= 1.0):
+        raise ValueError(f"{where}: max_share={max_share!r} must be a share of the bytes in (0, 1] (0: no cap)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class PolicyConfig:
     """The online policy: how gradients are sparsified, released, packed and sent.
@@ -238,10 +247,7 @@ class PolicyConfig:
             raise bad("online_window", self.online_window, "needs replan_every >= 1 (0: profiling off)")
         if self.replan_every and self.policy != "importance":
             raise bad("replan_every", self.replan_every, f"is for policy 'importance', not {self.policy!r}")
-        if isinstance(self.max_share, bool) or not isinstance(self.max_share, (int, float)):
-            raise bad("max_share", self.max_share, "must be a number")
-        if not (0.0 <= float(self.max_share) <= 1.0):
-            raise bad("max_share", self.max_share, "must be a share of the bytes in (0, 1] (0: no cap)")
+        check_max_share(self.max_share, where="policy config")
         if self.max_share and not self.replan_every:
             raise bad(
                 "max_share", self.max_share,

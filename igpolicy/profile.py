@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from igpolicy.config import check_max_share
 from igpolicy.importance import ComponentStats, ImportanceConfig, ImportanceScores, score_components
 from igpolicy.plan import ComponentPlan, SyncPlan, bytes_share
 from igpolicy.schedule import assign_phases
@@ -108,7 +109,7 @@ def _build(
     pinned_set = set(pinned)
     _check_inputs(scores, expected_bytes, release_period, pinned_set)
     params = check_method_params(method, method_params_)
-    check_max_share(max_share)
+    check_max_share(max_share, where="profile")
     settings = dict(settings or {})
     clash = sorted(set(settings) & set(_RECORDED_SETTINGS))
     if clash:
@@ -167,14 +168,6 @@ def _build(
         source=dict(source or {}),
     )
     return plan, result
-
-
-def check_max_share(max_share: float | None) -> None:
-    """A bytes cap is None or 0 (off), or a number in (0, 1]; ValueError otherwise."""
-    if max_share is None:
-        return
-    if isinstance(max_share, bool) or not isinstance(max_share, (int, float)) or not (0.0 <= max_share <= 1.0):
-        raise ValueError(f"profile: max_share={max_share!r} must be a share of the bytes in (0, 1] (0: no cap)")
 
 
 def _cap_to_share(
