@@ -366,8 +366,9 @@ def measure_on_testbed(
     for c in cases:
         r = by_name[c["name"]]
         merged.append(
-            {**c, "times_s": r["times_s"], "median_s": r["median_s"], "world_size": r["world_size"]}
-        )
+            {**c, "times_s": r["times_s"], "median_s": r["median_s"], "world_size": r["world_size"],
+             "rank_times_s": r["rank_times_s"]}
+        )  # fmt: skip
     return {
         "testbed": _describe(spec),
         "reps": reps,

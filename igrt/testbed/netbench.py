@@ -88,28 +88,32 @@ def _op_fn(case: Mapping[str, Any]):
     raise ValueError(f"case {case.get('name')!r}: unknown op {op!r} (known: {', '.join(OPS)})")
 
 
-def time_case(case: Mapping[str, Any], *, reps: int, warmup: int) -> list[float]:
-    """Per-rep times in seconds (slowest rank), identical on every rank."""
+def time_case(case: Mapping[str, Any], *, reps: int, warmup: int) -> list[list[float]]:
+    """Per rep, every rank's time in seconds (:func:`_time_once`), identical on every rank."""
     fn = _op_fn(case)
     for _ in range(warmup):
         fn()
     return [_time_once(case, fn) for _ in range(reps)]
 
 
-def _time_once(case: Mapping[str, Any], fn) -> float:
-    """One rep of ``case``: after a barrier, until the slowest rank is done (p2p: one way). A case
-    with ``idle_s`` first leaves every connection idle that long (a training step's compute), so
-    the rep starts on connections that TCP may have sent back to slow start."""
+def _time_once(case: Mapping[str, Any], fn) -> list[float]:
+    """One rep of ``case``: after a barrier, each rank's time until it is done (p2p: one way, the
+    same for both ends); the rep's time is the slowest rank's (the maximum). A case with ``idle_s``
+    first leaves every connection idle that long (a training step's compute), so the rep starts on
+    connections that TCP may have sent back to slow start."""
     idle = float(case.get("idle_s", 0.0))
     if idle > 0:
         time.sleep(idle)
     dist.barrier()
     t0 = time.perf_counter()
     fn()
-    elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    t = float(elapsed.item())
-    return t / 2 if case["op"] == "p2p" else t
+    mine = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    every = [torch.empty(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    ts = [float(t.item()) for t in every]
+    if case["op"] == "p2p":  # a ping-pong between ranks 0 and 1: half of rank 0's round trip
+        ts = [ts[0] / 2] * len(ts)
+    return ts
 
 
 def warm_up(size_bytes: int = 256 * 1024) -> None:
@@ -143,7 +147,7 @@ def run_cases(
     for fn in fns:
         for _ in range(warmup):
             fn()
-    times: list[list[float]] = [[] for _ in cases]
+    times: list[list[list[float]]] = [[] for _ in cases]
     t0 = time.monotonic()
     for rep in range(reps):
         if dist.get_rank() == 0:  # igrt validate shows rank 0's output as it comes
@@ -154,18 +158,22 @@ def run_cases(
     return [_record(c, t) for c, t in zip(cases, times)]
 
 
-def _timed(case: Mapping[str, Any], *, reps: int, warmup: int, index: int, total: int) -> list[float]:
+def _timed(case: Mapping[str, Any], *, reps: int, warmup: int, index: int, total: int) -> list[list[float]]:
     if dist.get_rank() == 0:
         print(f"netbench {time.strftime('%H:%M:%S')} case {index + 1}/{total} {case.get('name', case['op'])}",
               file=sys.stderr, flush=True)  # fmt: skip
     return time_case(case, reps=reps, warmup=warmup)
 
 
-def _record(case: Mapping[str, Any], times: list[float]) -> dict[str, Any]:
+def _record(case: Mapping[str, Any], rank_times: list[list[float]]) -> dict[str, Any]:
+    """``times_s``: per rep, the slowest rank's time; ``rank_times_s``: per rep, every rank's
+    (which rank finishes last, e.g. a broadcast's farthest child)."""
+    times = [max(ts) for ts in rank_times]
     return {
         **dict(case),
         "world_size": dist.get_world_size(),
         "times_s": times,
+        "rank_times_s": rank_times,
         "median_s": statistics.median(times),
         "min_s": min(times),
         "max_s": max(times),

@@ -36,7 +36,8 @@ sizes the socket send buffer to the message). Reductions cost ``gamma_s_per_byte
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Sequence
+from collections import Counter
+from collections.abc import Callable, Generator, Hashable, Sequence
 from dataclasses import dataclass, replace
 
 import simpy
@@ -49,6 +50,7 @@ __all__ = [
     "GLOO_OPS",
     "MAX_SEGMENT_BYTES",
     "GlooResult",
+    "binomial_tree",
     "burst_stages",
     "predict_gloo",
     "simulate_gloo",
@@ -213,28 +215,34 @@ def _ring_all_gather(run: _Run, r: int, n_total: int, tag: str) -> Loop:
         yield in_msg(i).done
 
 
+def binomial_tree(p: int) -> list[tuple[int | None, list[int]]]:
+    """gloo's broadcast tree over virtual ranks (the root is 0): ``(parent, children)`` per vrank,
+    children in the order their sends are posted. vrank v with highest set bit h receives from
+    ``v - 2**h`` and sends to ``v + 2**i`` for every i > h with ``v + 2**i < p`` (the root: every
+    i with ``2**i < p``), as ``gloo::broadcast`` walks its mask."""
+    tree: list[tuple[int | None, list[int]]] = []
+    for v in range(p):
+        h = v.bit_length() - 1  # -1 for the root
+        parent = None if v == 0 else v - (1 << h)
+        children = [v + (1 << i) for i in range(h + 1, max(p - 1, 1).bit_length()) if v + (1 << i) < p]
+        tree.append((parent, children))
+    return tree
+
+
 def _binomial_broadcast(run: _Run, r: int, n: int, root: int, tag: str) -> Loop:
     p = run.p
-    vrank = (r - root) % p
-    dim = (p - 1).bit_length()
-    mask = (1 << dim) - 1
+    parent, children = binomial_tree(p)[(r - root) % p]
+    if parent is not None:
+        src = (parent + root) % p
+        m = run.msg((tag, src, r), src, r, n)
+        m.recv_posted.succeed()
+        yield m.done
     sends = []
-    for i in range(dim):
-        mask ^= 1 << i
-        if vrank & mask:
-            continue
-        vpeer = vrank ^ (1 << i)
-        if vpeer >= p:
-            continue
-        peer = (vpeer + root) % p
-        if vrank & (1 << i) == 0:
-            m = run.msg((tag, r, peer), r, peer, n)
-            m.send_posted.succeed()
-            sends.append(m)
-        else:
-            m = run.msg((tag, peer, r), peer, r, n)
-            m.recv_posted.succeed()
-            yield m.done
+    for c in children:
+        peer = (c + root) % p
+        m = run.msg((tag, r, peer), r, peer, n)
+        m.send_posted.succeed()
+        sends.append(m)
     for m in sends:
         yield m.sent
 
@@ -331,20 +339,30 @@ def simulate_gloo(
     if burst_s:
         names = run.names
         cap = min(run.net.path_capacity_bytes_per_s(names[i], names[(i + 1) % p]) for i in range(p))
-        credit = sum(
-            min(burst_s, b / cap) for b in burst_stages(op, p=p, size_bytes=n, sizes_bytes=sizes_bytes)
-        )
+        stages = burst_stages(op, p=p, size_bytes=n, sizes_bytes=sizes_bytes, root=root,
+                              first_link=lambda a, b: run.net.route(names[a], names[b])[0][:1])  # fmt: skip
+        credit = sum(min(burst_s, b / cap) for b in stages)
     return GlooResult(
         time_s=max(done) - credit, bytes_on_wire=run.net.bytes_delivered, num_messages=run.net.num_messages
     )
 
 
-def burst_stages(op: str, *, p: int, size_bytes: float, sizes_bytes: Sequence[float] = ()) -> list[float]:
+def burst_stages(
+    op: str,
+    *,
+    p: int,
+    size_bytes: float,
+    sizes_bytes: Sequence[float] = (),
+    first_link: Callable[[int, int], Hashable] | None = None,
+    root: int = 0,
+) -> list[float]:
     """Bytes the busiest link carries in each stage of ``op`` that starts on idle links.
 
     A ring keeps its links busy from start to end (one stage: all-reduce 2(p-1)/p n, all-gather
     (p-1)/p n); the sparse all-gather is two rings; p2p one message; the binomial broadcast has
-    one stage per tree level, in which a sender's link carries n per child it serves.
+    one stage per depth of :func:`binomial_tree`, in which a sender's link carries n per child it
+    serves over it: ``first_link(src, dst)`` names the first link of a message's route (ranks, not
+    vranks); without it every child of a sender shares the sender's link (a star).
     """
     n = float(size_bytes)
     if op in ("all_reduce", "reduce_scatter"):
@@ -353,7 +371,19 @@ def burst_stages(op: str, *, p: int, size_bytes: float, sizes_bytes: Sequence[fl
         return [(p - 1) / p * n]
     if op == "sparse_all_gather":
         return [8.0 * (p - 1), float((p - 1) * sparse_padded_bytes(sizes_bytes))]
-    if op == "broadcast":
-        dim = (p - 1).bit_length()
-        return [n * sum(1 for k in range(level, dim) if (1 << k) < p) for level in range(dim)]
+    if op == "broadcast":  # one stage per tree depth; its busiest sender serves every child on one link
+        tree = binomial_tree(p)
+        busiest: dict[int, int] = {}
+        for v, (_, children) in enumerate(tree):
+            if not children:
+                continue
+            if first_link is None:
+                most = len(children)
+            else:
+                src = (v + root) % p
+                per_link = Counter(first_link(src, (c + root) % p) for c in children)
+                most = max(per_link.values())
+            depth = v.bit_count()
+            busiest[depth] = max(busiest.get(depth, 0), most)
+        return [n * busiest[d] for d in sorted(busiest)]
     return [n]

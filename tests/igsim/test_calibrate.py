@@ -126,11 +126,12 @@ def test_calibrate_errors_name_the_input(tmp_path, capsys):
 
 # The quiet rounds (2026-12-02, ``igrt validate --suite``: 1-minute load average 0.4-1.4 on 2 cores):
 # fitted on QA, QB measured 5-6 minutes later. With the CPU out of the way the means meet everywhere;
-# these worst cases stay, in both rounds and against their own fit, so they are the model's.
+# these worst cases stay, in both rounds and against their own fit, so they are the model's. (The
+# ring's broadcast 256 KiB, -11.5 %, was one too: the burst credit counted a second tree level that
+# a 3-rank broadcast does not have; since igsim.collectives.gloo.binomial_tree it meets.)
 QUIET_WORST_MISSES = {
     "two-level": "broadcast 4 MiB across the uplink -11.4 % (its own fit: -9.9 % / -11.4 %)",
     "hetero": "all_gather 256 KiB through the slow NIC -17.3 % (its own fit: -17.6 % / -17.0 %)",
-    "ring": "broadcast 256 KiB -11.5 % (its own fit: -12.6 % / -11.0 %)",
 }
 
 
