@@ -10,7 +10,8 @@ imports igsim: the measurement file is the interface (layout in :mod:`igsim.stud
 Cases (sizes are each rank's full buffer n; see :mod:`igrt.testbed.netbench`):
 
 - calibration: small p2p / all-reduce / all-gather (alpha), large p2p (one-way bandwidth), large
-  all-reduce / all-gather at 512 KiB and 2 MiB (duplex bandwidth, one factor per ring op);
+  all-reduce / all-gather at 512 KiB and 2 MiB (duplex bandwidth, one factor per ring op); on the
+  two-level testbed a 2 MiB broadcast (the uplink send's share of the root's NIC);
 - validation: other sizes of all-reduce and all-gather, reduce-scatter, broadcast, sparse
   all-gather with skewed per-rank sizes, p2p. No validation case repeats a calibration case.
 
@@ -183,8 +184,12 @@ def _bottleneck_bytes_per_s(spec: testbed.TestbedSpec) -> float:
     return min(rates)
 
 
-def plan_cases(num_ranks: int, *, max_bytes: int, quick: bool = False) -> list[dict[str, Any]]:
+def plan_cases(num_ranks: int, *, max_bytes: int, quick: bool = False, two_level: bool = False) -> list[dict[str, Any]]:
     """The calibration and validation cases (disjoint, each labelled with its ``role``).
+
+    ``two_level``: one more calibration case, a broadcast of the large size, from which igsim fits
+    how much less than its fair share of the root's NIC the send across the uplink gets
+    (``downstream_share``, :mod:`igsim.net.calibration`); the validation broadcasts are other sizes.
 
     Names carry the nominal size; ``size_bytes`` is what netbench really moves (all-gather and
     reduce-scatter buffers hold num_ranks whole fp32 blocks). Sizes above ``max_bytes`` are left
@@ -219,6 +224,7 @@ def plan_cases(num_ranks: int, *, max_bytes: int, quick: bool = False) -> list[d
         cases += [sparse(val, 256 * KiB, "skew"), dense("p2p", val, 256 * KiB)]
     else:
         cases += [dense("p2p", cal, n) for n in (1 * KiB, 16 * KiB)]
+        cases += [dense("broadcast", cal, big)] if two_level and big not in (1 * MiB, 4 * MiB) else []
         cases += [dense("all_reduce", cal, 16 * KiB), dense("all_gather", cal, 16 * KiB)]
         # two large sizes per ring op, so each op's bandwidth factor rests on more than one case
         cases += (
@@ -527,7 +533,7 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size is not None and args.batch_size < 1:
         raise ValueError(f"--batch-size {args.batch_size} must be >= 1")
     max_bytes = int(_bottleneck_bytes_per_s(spec) * (0.4 if args.quick else 0.8))
-    cases = plan_cases(spec.num_ranks, max_bytes=max_bytes, quick=args.quick)
+    cases = plan_cases(spec.num_ranks, max_bytes=max_bytes, quick=args.quick, two_level=spec.two_level)
     out = Path(args.out)
     kept = claim_out(out, overwrite=args.overwrite, reuse=bool(args.steps))  # locked until the command ends
     if kept:

@@ -21,7 +21,15 @@ JSON layout (strict keys; numbers are SI units, strings with units are accepted 
      "default": {"alpha_s": 0, "effective_bandwidth_factor": 1.0},
      "link_classes": {"nic": {"alpha_s": 3.1e-05, "effective_bandwidth_factor": 0.944}},
      "op_bandwidth_factors": {"all_gather": 0.95, "p2p": 1.08},
+     "downstream_share": 0.6,
      "source": "testbed 2025-01-01, 4 ranks, 100 Mbit/s"}
+
+``downstream_share`` (default 1: plain max-min fairness) is the share weight, against 1, of a flow
+whose path holds a link slower than another of its links, on every link it shares: TCP gives less
+than a max-min share to a flow that also queues behind a later, slower link (its round trip is
+longer and it loses packets in two queues). Measured on the two-level testbed: the root's send
+across the half-rate uplink got about 0.73 of its fair share of the root's NIC, its send to the
+local child the rest, and the uplink idled meanwhile (docs/validation.md).
 """
 
 from __future__ import annotations
@@ -95,7 +103,9 @@ class LinkCalibration:
 
 
 _LINK_KEYS = frozenset({"alpha_s", "effective_bandwidth_factor", "effective_bandwidth_bytes_per_s"})
-_TOP_KEYS = frozenset({"gamma_s_per_byte", "default", "link_classes", "op_bandwidth_factors", "source"})
+_TOP_KEYS = frozenset(
+    {"gamma_s_per_byte", "default", "link_classes", "op_bandwidth_factors", "downstream_share", "source"}
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,9 +116,13 @@ class Calibration:
     default: LinkCalibration = field(default_factory=LinkCalibration)
     gamma_s_per_byte: float = 0.0
     op_bandwidth_factors: Mapping[str, float] = field(default_factory=dict)
+    downstream_share: float = 1.0
     source: str = ""
 
     def __post_init__(self) -> None:
+        d = self.downstream_share
+        if not (isinstance(d, int | float) and math.isfinite(d) and 0 < d <= 1):
+            raise ValueError(f"calibration: downstream_share={d!r} must be in (0, 1]")
         g = self.gamma_s_per_byte
         if not (math.isfinite(g) and g >= 0):
             raise ValueError(f"calibration: gamma_s_per_byte={g!r} must be >= 0 and finite")
@@ -157,8 +171,11 @@ class Calibration:
         }
         default = LinkCalibration.from_dict(data.get("default", {}), where=f"{where}: default")
         try:
+            share = data.get("downstream_share", 1.0)
+            if isinstance(share, bool) or not isinstance(share, int | float):
+                raise ValueError(f"downstream_share={share!r} is not a number")
             return cls(link_classes=links, default=default, gamma_s_per_byte=gamma, op_bandwidth_factors=ops,
-                       source=str(data.get("source", "")))  # fmt: skip
+                       downstream_share=float(share), source=str(data.get("source", "")))  # fmt: skip
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
 
@@ -168,6 +185,7 @@ class Calibration:
             "default": self.default.to_dict(),
             "link_classes": {k: v.to_dict() for k, v in sorted(self.link_classes.items())},
             "op_bandwidth_factors": dict(sorted(self.op_bandwidth_factors.items())),
+            **({"downstream_share": self.downstream_share} if self.downstream_share != 1.0 else {}),
             "source": self.source,
         }
 

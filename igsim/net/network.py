@@ -59,13 +59,14 @@ class _Flow:
     (``fid`` set, ``rate`` > 0). On arrival ``done(tag)`` is called."""
 
     __slots__ = ("callbacks", "cap", "done", "dst", "fid", "last_s", "links", "rate", "remaining", "size",
-                 "src", "tag", "version")  # fmt: skip
+                 "src", "tag", "version", "weight")  # fmt: skip
     _ok = True
 
     def __init__(self, src: str, dst: str, path: tuple, size: float, done: Callable[[Any], object], tag: Any):
         self.src = src
         self.dst = dst
-        self.links, _, self.cap = path  # cap: the bottleneck capacity, its rate when alone
+        # cap: the bottleneck capacity, its rate when alone; weight: its share weight (Network docs)
+        self.links, _, self.cap, self.weight = path
         self.size = size
         self.remaining = size
         self.rate = 0.0
@@ -134,6 +135,7 @@ class Network:
                 self._latency.append(data["latency_s"])
                 self._class.append(data["link_class"])
         self._on_link: list[dict[int, _Flow]] = [{} for _ in self._link_names]
+        self._weighted = self.calibration.downstream_share != 1.0  # else plain max-min (the fast fill)
         self._routes: dict[tuple[str, str], tuple[tuple[int, ...], float, float]] = {}  # + bottleneck
         self._num_active = 0  # flows with bytes moving
         self._dirty: set[int] = set()
@@ -155,8 +157,10 @@ class Network:
         """(directed link indices, alpha_s) of a message from ``src`` to ``dst``; cached."""
         return self._route(src, dst)[:2]
 
-    def _route(self, src: str, dst: str) -> tuple[tuple[int, ...], float, float]:
-        """:meth:`route` plus the bottleneck capacity (``inf`` without links)."""
+    def _route(self, src: str, dst: str) -> tuple[tuple[int, ...], float, float, float]:
+        """:meth:`route` plus the bottleneck capacity (``inf`` without links) and the flow's share
+        weight: the calibration's ``downstream_share`` when a link of the path is slower than
+        another link of it, else 1."""
         key = (src, dst)
         r = self._routes.get(key)
         if r is None:
@@ -169,7 +173,9 @@ class Network:
                 extra = self._class_alpha[classes] = self.calibration.message_alpha_s(classes)
             alpha = latency + extra
             cap = min((self._capacity[i] for i in links), default=float("inf"))
-            r = self._routes[key] = (links, alpha, cap)
+            top = max((self._capacity[i] for i in links), default=cap)
+            weight = self.calibration.downstream_share if cap < top * (1 - 1e-9) else 1.0
+            r = self._routes[key] = (links, alpha, cap, weight)
         return r
 
     def link_capacity_bytes_per_s(self, link: int) -> float:
@@ -225,7 +231,7 @@ class Network:
         for); the caller handles that arrival itself (no recursion through long chains of empty
         messages). ``src`` and ``dst`` only label the flow for :meth:`flows`."""
         self.num_messages += 1
-        links, alpha, _ = path
+        links, alpha = path[0], path[1]
         if not links or (size == 0 and alpha == 0):
             return False
         flow = _Flow(src, dst, path, size, done, tag)
@@ -329,6 +335,8 @@ class Network:
         if len(flows) == 1:
             (flow,) = flows
             rates = {flow.fid: flow.cap}
+        elif self._weighted:
+            rates = self._fill_weighted(flows, links)
         else:
             rates = self._fill(flows, links)
         env = self.env
@@ -415,6 +423,51 @@ class Network:
                     count[lj] = c
                     if c:
                         heappush(heap, (left / c, lj, c))
+            count[li] = 0
+        return rates
+
+    def _fill_weighted(self, flows: list[_Flow], links: set[int]) -> dict[int, float]:
+        """:meth:`_fill` with share weights: on the link that saturates first, each unfixed flow
+        gets ``weight x level``, the level that fills the link (``remaining / sum of weights``).
+        With every weight 1 it is :meth:`_fill` (a test checks it)."""
+        cap, on_link = self._capacity, self._on_link
+        remaining: dict[int, float] = {}
+        count: dict[int, int] = {}
+        wsum: dict[int, float] = {}
+        for li in links:
+            on = on_link[li]
+            if on:
+                count[li] = len(on)
+                wsum[li] = sum(f.weight for f in on.values())
+                remaining[li] = cap[li]
+        rates: dict[int, float] = {}
+        for flow in flows:
+            for li in flow.links:
+                if count[li] != 1:
+                    break
+            else:
+                rates[flow.fid] = flow.cap
+                for li in flow.links:
+                    count[li] = 0
+        heap = [(remaining[li] / wsum[li], li, n) for li, n in count.items() if n]
+        heapq.heapify(heap)
+        while heap:
+            _, li, n = heapq.heappop(heap)
+            if count[li] != n or n == 0:
+                continue  # stale entry
+            level = remaining[li] / wsum[li]
+            for fid, flow in on_link[li].items():
+                if fid in rates:
+                    continue
+                rate = rates[fid] = flow.weight * level
+                for lj in flow.links:
+                    if lj == li:
+                        continue
+                    remaining[lj] = left = max(remaining[lj] - rate, 0.0)
+                    c = count[lj] = count[lj] - 1
+                    w = wsum[lj] = wsum[lj] - flow.weight
+                    if c:
+                        heapq.heappush(heap, (left / w if w > 0 else 0.0, lj, c))
             count[li] = 0
         return rates
 

@@ -55,6 +55,7 @@ __all__ = [
     "TestbedDescription",
     "build_report",
     "fit",
+    "fit_share",
     "kendall_tau",
     "load_measurements",
     "measurement_path",
@@ -254,6 +255,7 @@ class Fit:
     duplex_factor: float
     simplex_factor: float
     gather_factor: float | None = None
+    downstream_share: float = 1.0
     alpha_cases: Mapping[str, float] = field(default_factory=dict)
     rounds: int = 0
 
@@ -277,7 +279,7 @@ class Fit:
             if op not in ("all_reduce", "reduce_scatter")
         }
         return Calibration(link_classes={c: link for c in classes}, default=link, source=source,
-                           op_bandwidth_factors=ops)  # fmt: skip
+                           op_bandwidth_factors=ops, downstream_share=self.downstream_share)  # fmt: skip
 
     @classmethod
     def from_calibration(cls, calibration: Calibration) -> Fit:
@@ -296,6 +298,7 @@ class Fit:
             duplex_factor=base,
             simplex_factor=base * ops.get("p2p", 1.0),
             gather_factor=None if gather is None or gather == 1.0 else base * gather,
+            downstream_share=calibration.downstream_share,
         )
 
 
@@ -305,7 +308,7 @@ def predict_case(case: Case, topology: Topology, fit_: Fit, *, burst_s: float = 
     :func:`igsim.collectives.gloo.predict_gloo`)."""
     link = LinkCalibration(alpha_s=fit_.alpha_s, effective_bandwidth_factor=fit_.factor(case.op))
     classes = {d["link_class"] for _, _, d in topology.graph.edges(data=True)}
-    cal = Calibration(link_classes={c: link for c in classes}, default=link)
+    cal = Calibration(link_classes={c: link for c in classes}, default=link, downstream_share=fit_.downstream_share)
     return predict_gloo(
         case.op,
         topology=topology,
@@ -327,17 +330,24 @@ def fit(
     burst_s: float = 0.0,
     per_op: bool = True,
     statistic: str = "median",
+    downstream_share: float = 1.0,
 ) -> Fit:
     """Fit alpha and the bandwidth factors from the *calibration* cases (validation cases are
     ignored), matching each case's ``statistic`` of its reps ("median" or "min"). ``per_op``: the
     all-gather family gets its own factor (from the large all-gather cases; the all-reduce factor
-    then comes from the other large duplex cases). ValueError when there is no small or no large
-    duplex calibration case."""
+    then comes from the other large duplex cases). The large calibration cases whose prediction
+    depends on :attr:`~igsim.net.calibration.Calibration.downstream_share` (the two-level testbed's
+    broadcast: a flow across the uplink shares the root's NIC with one that stays local) fit that
+    share instead of a bandwidth factor; without such cases it stays ``downstream_share``.
+    ValueError when there is no small or no large duplex calibration case."""
     _check_statistic(statistic)
     cal = [c for c in cases if c.role == CALIBRATION]
     small = [c for c in cal if c.bytes <= small_max_bytes]
-    large_duplex = [c for c in cal if c.bytes >= large_min_bytes and c.op in DUPLEX_OPS]
-    large_simplex = [c for c in cal if c.bytes >= large_min_bytes and c.op not in DUPLEX_OPS]
+    large = [c for c in cal if c.bytes >= large_min_bytes]
+    share_cases = [c for c in large if _depends_on_share(c, topology, burst_s)]
+    large = [c for c in large if c not in share_cases]
+    large_duplex = [c for c in large if c.op in DUPLEX_OPS]
+    large_simplex = [c for c in large if c.op not in DUPLEX_OPS]
     if not small:
         raise ValueError(f"calibration: no case of <= {small_max_bytes} bytes to fit alpha from")
     if not large_duplex:
@@ -348,9 +358,8 @@ def fit(
     large_reduce = [c for c in large_duplex if c.op not in GATHER_OPS] if large_gather else large_duplex
     if not large_reduce:  # only gathers measured: one factor for every duplex op
         large_reduce, large_gather = large_duplex, []
-    current = Fit(
-        alpha_s=0.0, duplex_factor=1.0, simplex_factor=1.0, gather_factor=1.0 if large_gather else None
-    )
+    current = Fit(alpha_s=0.0, duplex_factor=1.0, simplex_factor=1.0,
+                  gather_factor=1.0 if large_gather else None, downstream_share=downstream_share)  # fmt: skip
     per_case: dict[str, float] = {}
 
     def factor(sel: Sequence[Case], which: str, base: Fit) -> float:
@@ -364,7 +373,9 @@ def fit(
         simplex = factor(large_simplex, "simplex_factor", base) if large_simplex else duplex
         new = replace(base, duplex_factor=duplex, simplex_factor=simplex, gather_factor=gather,
                       alpha_cases=per_case, rounds=rounds)  # fmt: skip
-        keys = ("alpha_s", "duplex_factor", "simplex_factor", "gather_factor")
+        if share_cases:
+            new = replace(new, downstream_share=fit_share(share_cases, topology, new, burst_s, statistic))
+        keys = ("alpha_s", "duplex_factor", "simplex_factor", "gather_factor", "downstream_share")
         settled = all(
             abs((getattr(new, k) or 0) - (getattr(current, k) or 0))
             <= rtol * max(abs(getattr(new, k) or 0), 1e-12)
@@ -395,6 +406,29 @@ def _solve_alpha(case: Case, topology: Topology, base: Fit, burst_s: float, stat
     while gap(hi) < 0:
         hi *= 2
     return float(optimize.brentq(gap, 0.0, hi, xtol=1e-15, rtol=1e-12))
+
+
+def _depends_on_share(case: Case, topology: Topology, burst_s: float) -> bool:
+    """Whether ``case``'s prediction moves with the downstream share (some flow of its schedule
+    shares a link with one that a slower link limits further on)."""
+    base = Fit(alpha_s=0.0, duplex_factor=1.0, simplex_factor=1.0)
+    one = predict_case(case, topology, base, burst_s=burst_s)
+    half = predict_case(case, topology, replace(base, downstream_share=0.5), burst_s=burst_s)
+    return abs(half - one) > 1e-6 * max(one, 1e-12)
+
+
+def fit_share(cases: Sequence[Case], topology: Topology, base: Fit, burst_s: float, statistic: str) -> float:
+    """Least squares on relative error over ``cases`` for the downstream share, in [0.05, 1]."""
+
+    def loss(share: float) -> float:
+        f = replace(base, downstream_share=share)
+        return sum(
+            ((predict_case(c, topology, f, burst_s=burst_s) - c.time_s(statistic)) / c.time_s(statistic)) ** 2
+            for c in cases
+        )
+
+    res = optimize.minimize_scalar(loss, bounds=(0.05, 1.0), method="bounded", options={"xatol": 1e-10})
+    return min((float(res.x), 1.0), key=loss)  # the bounded search never lands on its bound: try 1 (max-min)
 
 
 def _fit_factor(

@@ -250,3 +250,87 @@ def test_array_schedules_run_millions_of_messages_lightly():
     tracemalloc.stop()
     assert proc.value.num_messages == 300 * 299
     assert peak < 200 * proc.value.num_messages  # bytes, the build's temporaries included
+
+
+# -- the downstream share (weighted max-min) ---------------------------------------------------
+
+
+def _weighted_water_filling(flows: list[tuple], weights: list[float], cap: dict) -> list[float]:
+    """Reference weighted max-min rates: raise one level for all unfrozen flows, each at weight x
+    level; freeze those on the first link to fill; repeat."""
+    rate = [0.0] * len(flows)
+    frozen = [False] * len(flows)
+    used = dict.fromkeys(cap, 0.0)
+    while not all(frozen):
+        best, best_links = math.inf, []
+        for link, c in cap.items():
+            w = sum(weights[i] for i, f in enumerate(flows) if not frozen[i] and link in f)
+            if w:
+                level = (c - used[link]) / w
+                if level < best * (1 - 1e-12):
+                    best, best_links = level, [link]
+                elif level <= best * (1 + 1e-12):
+                    best_links.append(link)
+        for i, f in enumerate(flows):
+            if not frozen[i] and any(link in f for link in best_links):
+                frozen[i], rate[i] = True, weights[i] * best
+                for link in f:
+                    used[link] += rate[i]
+    return rate
+
+
+def test_a_flow_behind_a_slower_link_gets_its_share_weight_on_the_link_it_shares():
+    """The two-level testbed's broadcast: the root sends to a local child and, over the half-rate
+    uplink, to a remote one. Plain max-min: 0.5 / 0.5 of the root's NIC and the uplink full; with
+    share s the remote send gets 2s / (1 + s) of the uplink's rate and the local one the rest."""
+    from igsim.studies.validation import TestbedDescription, testbed_topology
+
+    topo = testbed_topology(TestbedDescription(num_ranks=4, rate_bytes_per_s=2e6, two_level=True,
+                                               uplink_rate_bytes_per_s=1e6))  # fmt: skip
+    for s in (1.0, 0.6):
+        env = simpy.Environment()
+        net = Network(env, topo, calibration=Calibration(downstream_share=s))
+        net.transfer("r0", "r1", 1e6)
+        net.transfer("r0", "r2", 1e6)
+        env.run(1e-6)
+        local, remote = (f.rate_bytes_per_s for f in net.flows())
+        assert _close(remote, 2e6 * s / (1 + s)) and _close(local + remote, 2e6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), num_flows=st.integers(1, 24), share=st.sampled_from([1.0, 0.7, 0.3]))
+def test_weighted_rates_match_a_weighted_water_filling_and_weight_one_is_max_min(seed, num_flows, share):
+    rng = random.Random(seed)
+    overrides = {("r3", "leaf0"): {"bandwidth_bytes_per_s": 2.5e8}}
+    topo = leaf_spine(num_ranks=12, ranks_per_leaf=4, num_spines=2, bandwidth_bytes_per_s=1e9, latency_s=1e-6,
+                      oversubscription=3.0, link_overrides=overrides)  # fmt: skip
+    env = simpy.Environment()
+    net = Network(env, topo, calibration=Calibration(downstream_share=share))
+    for _ in range(num_flows):
+        src, dst = rng.sample(topo.ranks, 2)
+        net.transfer(src, dst, rng.uniform(1e5, 5e6))
+    env.run(until=1e-5)  # every flow started, none done
+    flows = net.flows()
+    cap = {link: c for link, (_, c) in net.link_load().items()}
+    weights = []
+    for f in flows:
+        caps = [cap[link] for link in f.links]
+        weights.append(share if min(caps) < max(caps) * (1 - 1e-9) else 1.0)
+    expected = _weighted_water_filling([f.links for f in flows], weights, cap)
+    for f, r in zip(flows, expected):
+        assert _close(f.rate_bytes_per_s, r, 1e-7), (f, r)
+    if share == 1.0:
+        assert expected == pytest.approx(_water_filling([f.links for f in flows], cap), rel=1e-9)
+
+
+def test_downstream_share_is_checked_and_round_trips(tmp_path):
+    with pytest.raises(ValueError, match="downstream_share"):
+        Calibration(downstream_share=0.0)
+    with pytest.raises(ValueError, match="downstream_share"):
+        Calibration.from_dict({"downstream_share": 1.5})
+    with pytest.raises(ValueError, match="downstream_share"):
+        Calibration.from_dict({"downstream_share": "most"})
+    cal = Calibration(downstream_share=0.62)
+    cal.save(tmp_path / "c.json")
+    assert Calibration.load(tmp_path / "c.json").downstream_share == 0.62
+    assert "downstream_share" not in Calibration().to_dict()  # files without it read as plain max-min

@@ -263,3 +263,32 @@ def test_busy_measurements_are_flagged_by_the_step_reports_rule():
     quiet = {"testbed": {"num_ranks": 3}, "machine": {"cpu_count": 16, "load_average_after": [0.5, 0.5, 0.5]}}
     assert measurement_flags(quiet) == []
     assert any("2 ranks" in f for f in measurement_flags({"testbed": {"num_ranks": 2}}))
+
+
+@pytest.mark.parametrize("share", [1.0, 0.8, 0.58])
+def test_a_two_level_broadcast_calibration_case_fits_the_downstream_share(share):
+    """On the two-level testbed the root's send across the uplink shares its NIC with the local
+    one; a calibration broadcast fits that share (and is kept out of the one-way factor). Just
+    below 1 the prediction is flat to 1e-5 (the remote child's alpha overlaps the end of the
+    root's send instead of idling the uplink), so at 1 the fit lands within 0.01 of it."""
+    truth = v.Fit(alpha_s=4.2e-4, duplex_factor=0.87, simplex_factor=0.955, downstream_share=share)
+    topo = v.testbed_topology(TWO_LEVEL)
+    extra = v.Case(name="broadcast-2MiB", op="broadcast", role="calibration", times_s=(1.0,), size_bytes=2 * MiB)
+    t = v.predict_case(extra, topo, truth, burst_s=TWO_LEVEL.burst_s)
+    cases = [*_cases(truth, TWO_LEVEL), v.Case(name=extra.name, op="broadcast", role="calibration",
+                                               times_s=(t,), size_bytes=2 * MiB)]  # fmt: skip
+    got = v.fit(cases, topo, burst_s=TWO_LEVEL.burst_s)
+    assert got.downstream_share == pytest.approx(share, abs=1e-2 if share == 1.0 else 1e-6)
+    assert got.simplex_factor == pytest.approx(truth.simplex_factor, rel=1e-6)
+    report = v.build_report(cases, topo, got, burst_s=TWO_LEVEL.burst_s)
+    assert all(abs(r["error"]) < (1e-3 if share == 1.0 else 1e-5) for r in report["cases"])
+    assert v.Fit.from_calibration(got.calibration(topo)).downstream_share == pytest.approx(got.downstream_share)
+
+
+def test_without_a_case_that_depends_on_it_the_share_stays_as_given():
+    """On the star every child's path is alike: a broadcast does not depend on the share, so the
+    fit keeps the value it was given and uses the broadcast for the one-way factor as before."""
+    truth = v.Fit(alpha_s=4.2e-4, duplex_factor=0.87, simplex_factor=0.955)
+    got = v.fit(_cases(truth, STAR), v.testbed_topology(STAR), burst_s=STAR.burst_s, downstream_share=0.7)
+    assert got.downstream_share == 0.7
+    assert got.simplex_factor == pytest.approx(truth.simplex_factor, rel=1e-6)
