@@ -84,7 +84,8 @@ def transfer_table(
                                  roles=(v.CALIBRATION, v.VALIDATION))  # fmt: skip
             lines.append(
                 f"| {t} | {rounds[0]} ({raw_a['date'][11:16]}) | {f.alpha_s * 1e3:.2f} | {f.duplex_factor:.3f} / "
-                f"{f.gather_factor or f.duplex_factor:.3f} / {f.simplex_factor:.3f} | {rnd} ({raw['date'][11:16]}"
+                f"{f.gather_factor or f.duplex_factor:.3f} / {f.simplex_factor:.3f}"
+                f"{f', share {f.downstream_share:.3f}' if f.downstream_share != 1.0 else ''} | {rnd} ({raw['date'][11:16]}"
                 f"{', busy loop' if rnd.startswith('C') else ''}) | {_load_avg(raw)} | {_cell(rep)} | "
                 f"{_cell(rep, 'dense_large')} | {rep['collectives_large']['worst_case']} |"
             )
@@ -173,6 +174,9 @@ def main(argv: list[str]) -> int:
     print(model_table(runs))
     print("\n## transfer (fit on round A, every case of B and C out of sample)\n")
     print(transfer_table(runs))
+    print("\n## transfer on a quiet machine (fit on QA, predict QB; fit on QC, predict QD)\n")
+    print(transfer_table(runs, rounds=("QA", "QB")))
+    print(transfer_table(runs, rounds=("QC", "QD")).split("\n", 2)[2])
     print("\n## transfer, reps interleaved (fit on Ai, predict Bi and Ci)\n")
     print(transfer_table(runs, rounds=("Ai", "Bi", "Ci")))
     print("\n## the star's calibration (the shipped default) on every testbed\n")
