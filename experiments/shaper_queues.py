@@ -59,7 +59,6 @@ def spec_for(testbed: str, *, rate: float, queue_s: float):
 
 def measure_setting(testbed: str, *, rate: float, queue_s: float, reps: int) -> tuple[dict, dict]:
     """(a measurement file's JSON, per case the drops of every shaper) for one testbed and queue."""
-    from igrt.cli.validate import _describe
     from igrt.testbed import namespaces as tb
     from igrt.testbed.netmeasure import measure
 
@@ -83,7 +82,7 @@ def measure_setting(testbed: str, *, rate: float, queue_s: float, reps: int) -> 
         load_after = list(_load())
     finally:
         tb.teardown(spec.run_id)
-    meta = {"testbed": _describe(spec), "reps": reps, "warmup": 1, "interleaved": False,
+    meta = {"testbed": tb.describe(spec), "reps": reps, "warmup": 1, "interleaved": False,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_s": round(time.time() - t0, 1),
             "machine": {"cpu_count": 2, "load_average_before": load_before, "load_average_after": load_after},
             "command": "python -m experiments.shaper_queues " + " ".join(sys.argv[1:]), "cases": cases}  # fmt: skip

@@ -177,13 +177,6 @@ SUITE_TESTBEDS = {
 }
 
 
-def _bottleneck_bytes_per_s(spec: testbed.TestbedSpec) -> float:
-    rates = [spec.rank_rate(r) for r in range(spec.num_ranks)]
-    if spec.two_level:
-        rates.append(spec.uplink_rate)
-    return min(rates)
-
-
 def plan_cases(num_ranks: int, *, max_bytes: int, quick: bool = False, two_level: bool = False) -> list[dict[str, Any]]:
     """The calibration and validation cases (disjoint, each labelled with its ``role``).
 
@@ -249,29 +242,6 @@ def _label(n: int) -> str:
     if n >= KiB:
         return f"{n / KiB:g}KiB"
     return f"{n}B"
-
-
-def _burst_s(spec: testbed.TestbedSpec) -> float:
-    """The shapers' token-bucket burst in seconds of line rate on the slowest link
-    (:func:`igrt.testbed.namespaces.burst_bytes`)."""
-    rate = _bottleneck_bytes_per_s(spec)
-    return testbed.burst_bytes(rate, spec.mtu) / rate
-
-
-def _describe(spec: testbed.TestbedSpec) -> dict[str, Any]:
-    return {
-        "num_ranks": spec.num_ranks,
-        "rate_bytes_per_s": spec.rate_bytes_per_s,
-        "two_level": spec.two_level,
-        "uplink_rate_bytes_per_s": spec.uplink_rate if spec.two_level else None,
-        "slow_rank": spec.slow_rank,
-        "slow_rate_bytes_per_s": spec.slow_rate_bytes_per_s,
-        "ring": spec.ring,
-        "queue_s": spec.queue_s,
-        "mtu": spec.mtu,
-        "burst_s": _burst_s(spec),
-        "slow_start_after_idle": spec.slow_start_after_idle,
-    }
 
 
 def _subprocess(cmd: list[str], *, what: str) -> None:
@@ -376,7 +346,7 @@ def measure_on_testbed(
              "rank_times_s": r["rank_times_s"]}
         )  # fmt: skip
     return {
-        "testbed": _describe(spec),
+        "testbed": testbed.describe(spec),
         "reps": reps,
         "warmup": warmup,
         "interleaved": interleave,
@@ -532,7 +502,7 @@ def run(args: argparse.Namespace) -> int:
     step_runs = parse_step_runs(args.policies, args.integrations)
     if args.batch_size is not None and args.batch_size < 1:
         raise ValueError(f"--batch-size {args.batch_size} must be >= 1")
-    max_bytes = int(_bottleneck_bytes_per_s(spec) * (0.4 if args.quick else 0.8))
+    max_bytes = int(testbed.bottleneck_bytes_per_s(spec) * (0.4 if args.quick else 0.8))
     cases = plan_cases(spec.num_ranks, max_bytes=max_bytes, quick=args.quick, two_level=spec.two_level)
     out = Path(args.out)
     kept = claim_out(out, overwrite=args.overwrite, reuse=bool(args.steps))  # locked until the command ends

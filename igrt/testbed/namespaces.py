@@ -31,9 +31,10 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["PREFIX", "Testbed", "TestbedError", "TestbedSpec", "leftovers", "new_run_id", "run_ids", "shaper_counters",
-           "support_problem",
+__all__ = ["PREFIX", "Testbed", "TestbedError", "TestbedSpec", "bottleneck_bytes_per_s", "burst_s", "describe",
+           "leftovers", "new_run_id", "run_ids", "shaper_counters", "support_problem",
            "teardown", "teardown_all"]  # fmt: skip
 
 PREFIX = "igtb-"
@@ -383,3 +384,35 @@ class Testbed:
     def run(self, rank: int, cmd: Sequence[str], **kw) -> subprocess.CompletedProcess[str]:
         """Run ``cmd`` inside ``rank``'s namespace and return the completed process."""
         return subprocess.run([*exec_args(self.spec, rank), *cmd], capture_output=True, text=True, **kw)
+
+
+def bottleneck_bytes_per_s(spec: TestbedSpec) -> float:
+    """The slowest link's rate (bytes per second): a rank's NIC or the uplink."""
+    rates = [spec.rank_rate(r) for r in range(spec.num_ranks)]
+    if spec.two_level:
+        rates.append(spec.uplink_rate)
+    return min(rates)
+
+
+def burst_s(spec: TestbedSpec) -> float:
+    """The shapers' token-bucket burst in seconds of line rate on the slowest link
+    (:func:`igrt.testbed.namespaces.burst_bytes`)."""
+    rate = bottleneck_bytes_per_s(spec)
+    return burst_bytes(rate, spec.mtu) / rate
+
+
+def describe(spec: TestbedSpec) -> dict[str, Any]:
+    """The testbed as a measurement file's ``testbed`` entry (igsim.studies.validation reads it)."""
+    return {
+        "num_ranks": spec.num_ranks,
+        "rate_bytes_per_s": spec.rate_bytes_per_s,
+        "two_level": spec.two_level,
+        "uplink_rate_bytes_per_s": spec.uplink_rate if spec.two_level else None,
+        "slow_rank": spec.slow_rank,
+        "slow_rate_bytes_per_s": spec.slow_rate_bytes_per_s,
+        "ring": spec.ring,
+        "queue_s": spec.queue_s,
+        "mtu": spec.mtu,
+        "burst_s": burst_s(spec),
+        "slow_start_after_idle": spec.slow_start_after_idle,
+    }

@@ -384,23 +384,8 @@ class Network:
     def _fill(self, flows: list[_Flow], links: set[int]) -> dict[int, float]:
         """Progressive filling: the max-min fair rate of each of ``flows``, a connected component
         that holds every flow on each of ``links`` (the links they use, and maybe idle ones)."""
-        cap, on_link = self._capacity, self._on_link
-        remaining: dict[int, float] = {}
-        count: dict[int, int] = {}  # flows on the link still without a rate
-        for li in links:
-            n = len(on_link[li])
-            if n:
-                count[li] = n
-                remaining[li] = cap[li]
-        rates: dict[int, float] = {}
-        for flow in flows:  # flows alone on all their links take their bottleneck capacity
-            for li in flow.links:
-                if count[li] != 1:
-                    break
-            else:
-                rates[flow.fid] = flow.cap
-                for li in flow.links:
-                    count[li] = 0
+        on_link = self._on_link
+        remaining, count, rates = self._fill_start(flows, links)
         # the link offering the smallest fair share saturates first: its flows get that share
         heap = [(remaining[li] / n, li, n) for li, n in count.items() if n]
         heapq.heapify(heap)
@@ -426,19 +411,19 @@ class Network:
             count[li] = 0
         return rates
 
-    def _fill_weighted(self, flows: list[_Flow], links: set[int]) -> dict[int, float]:
-        """:meth:`_fill` with share weights: on the link that saturates first, each unfixed flow
-        gets ``weight x level``, the level that fills the link (``remaining / sum of weights``).
-        With every weight 1 it is :meth:`_fill` (a test checks it)."""
+    def _fill_start(
+        self, flows: list[_Flow], links: set[int]
+    ) -> tuple[dict[int, float], dict[int, int], dict[int, float]]:
+        """What both fills start from: per used link its capacity left and its flows still without
+        a rate, and the rates of the flows alone on all their links (their bottleneck capacity;
+        their links then count no flow)."""
         cap, on_link = self._capacity, self._on_link
         remaining: dict[int, float] = {}
-        count: dict[int, int] = {}
-        wsum: dict[int, float] = {}
+        count: dict[int, int] = {}  # flows on the link still without a rate
         for li in links:
-            on = on_link[li]
-            if on:
-                count[li] = len(on)
-                wsum[li] = sum(f.weight for f in on.values())
+            n = len(on_link[li])
+            if n:
+                count[li] = n
                 remaining[li] = cap[li]
         rates: dict[int, float] = {}
         for flow in flows:
@@ -449,6 +434,15 @@ class Network:
                 rates[flow.fid] = flow.cap
                 for li in flow.links:
                     count[li] = 0
+        return remaining, count, rates
+
+    def _fill_weighted(self, flows: list[_Flow], links: set[int]) -> dict[int, float]:
+        """:meth:`_fill` with share weights: on the link that saturates first, each unfixed flow
+        gets ``weight x level``, the level that fills the link (``remaining / sum of weights``).
+        With every weight 1 it is :meth:`_fill` (a test checks it)."""
+        on_link = self._on_link
+        remaining, count, rates = self._fill_start(flows, links)
+        wsum = {li: sum(f.weight for f in on_link[li].values()) for li in count}
         heap = [(remaining[li] / wsum[li], li, n) for li, n in count.items() if n]
         heapq.heapify(heap)
         while heap:

@@ -532,6 +532,8 @@ def test_oracle_falcon(kwargs):
 
     attn = FalconAttention(tf.FalconConfig(hidden_size=32, num_attention_heads=4, **kwargs), layer_idx=0)
     rows = attn.query_key_value.weight.shape[0]
+    if not hasattr(attn, "_split_heads"):  # transformers >= 5.25 inlines the split into forward
+        pytest.skip(f"transformers {tf.__version__}: FalconAttention has no _split_heads to check against")
     q, k, v = attn._split_heads(torch.arange(rows, dtype=torch.float32).view(1, 1, rows))
     # [batch, seq, heads, head_dim]; k/v of grouped attention are broadcast over the group: dedupe
     got = [sorted(set(t[0, 0].reshape(-1).long().tolist())) for t in (q, k, v)]
