@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -67,7 +68,7 @@ def measure_setting(testbed: str, *, rate: float, queue_s: float, reps: int) -> 
     cases, drops = [], {}
     t0 = time.time()
     try:
-        load_before = list(_load())
+        load_before = list(os.getloadavg())
         for op, size in SIZES[testbed]:
             name = f"{op}-{size // KIB}KiB"
             print(f"  {name} ...", file=sys.stderr, flush=True)
@@ -79,20 +80,14 @@ def measure_setting(testbed: str, *, rate: float, queue_s: float, reps: int) -> 
             cases.append({"name": name, "op": op, "role": "validation", "size_bytes": size,
                           "times_s": r["times_s"], "median_s": r["median_s"], "rank_times_s": r["rank_times_s"],
                           "world_size": r["world_size"]})  # fmt: skip
-        load_after = list(_load())
+        load_after = list(os.getloadavg())
     finally:
         tb.teardown(spec.run_id)
     meta = {"testbed": tb.describe(spec), "reps": reps, "warmup": 1, "interleaved": False,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_s": round(time.time() - t0, 1),
-            "machine": {"cpu_count": 2, "load_average_before": load_before, "load_average_after": load_after},
+            "machine": {"cpu_count": os.cpu_count(), "load_average_before": load_before, "load_average_after": load_after},
             "command": "python -m experiments.shaper_queues " + " ".join(sys.argv[1:]), "cases": cases}  # fmt: skip
     return meta, drops
-
-
-def _load() -> tuple[float, float, float]:
-    import os
-
-    return os.getloadavg()
 
 
 def share_transfer(out: Path, fit_run: Path, predict: Sequence[Path]) -> dict[str, Any]:

@@ -439,7 +439,8 @@ class Network:
     def _fill_weighted(self, flows: list[_Flow], links: set[int]) -> dict[int, float]:
         """:meth:`_fill` with share weights: on the link that saturates first, each unfixed flow
         gets ``weight x level``, the level that fills the link (``remaining / sum of weights``).
-        With every weight 1 it is :meth:`_fill` (a test checks it)."""
+        With every weight 1 the levels are :meth:`_fill`'s shares (it is used only when the
+        calibration's ``downstream_share`` is below 1)."""
         on_link = self._on_link
         remaining, count, rates = self._fill_start(flows, links)
         wsum = {li: sum(f.weight for f in on_link[li].values()) for li in count}

@@ -15,7 +15,11 @@ The fit (all times are per-case medians):
 3. ``simplex_factor``: the same from large one-way cases (p2p); broadcast uses it. Without such
    cases it equals the duplex factor.
 
-Steps 1-2 alternate until both settle, so synthetic measurements made with known values are
+4. ``downstream_share`` (:mod:`igsim.net.calibration`): from the large calibration cases whose
+   prediction depends on it (the two-level testbed's broadcast), which then fit nothing else;
+   without such cases it stays as given (1: max-min).
+
+Steps 1, 2 and 4 alternate until they settle, so synthetic measurements made with known values are
 recovered exactly. The saved :class:`~igsim.net.calibration.Calibration` (for ``igsim simulate``) holds
 ``alpha_s`` and the duplex factor for every link class: data-parallel traffic is duplex.
 
