@@ -155,6 +155,35 @@ def test_the_suite_covers_both_kinds_of_collective(runs):
     assert kinds == {"count_exchange", "sparse_gather", "dense_allreduce"}
 
 
+@pytest.mark.parametrize("integration", ["sync", "ddp-hook"])
+def test_every_rank_times_its_combine_work_and_the_replay_reads_it(runs, integration):
+    """The runtime times each issued op's combine work (decode, index-add, divide) on every rank;
+    the replay takes those times as inputs, op for op, and a run without them (an older op log)
+    replays as before."""
+    import csv
+
+    from igsim.studies.replay import combine_s, run_workload
+
+    run = runs / f"{integration}-topk-sparse"
+    with (run / "ops.csv").open() as f:
+        ops = list(csv.DictReader(f))
+    issued = [r for r in ops if int(r["issued"]) and int(r["step"]) < STEPS]  # not the flush
+    by_kind = {k: [float(r["combine_s"]) for r in issued if r["kind"] == k] for k in {r["kind"] for r in issued}}
+    assert min(by_kind["sparse_gather"]) > 0  # every sparse gather's index-add took time
+    assert max(by_kind.get("count_exchange", [0.0])) == 0  # a count exchange has nothing to combine
+    inputs = load_run(run)
+    w = run_workload(inputs)
+    c = w.combine_s_by_rank
+    assert c.shape[:2] == (STEPS, 2) and c.sum() == pytest.approx(sum(float(r["combine_s"]) for r in issued))
+    rows = {(int(r["step"]), int(r["rank"])): r for r in csv.DictReader((run / "metrics.csv").open())}
+    for (t, rank), row in rows.items():  # the metrics carry each rank's step total
+        if t >= STEPS:
+            continue
+        assert float(row["x_combine_s"]) == pytest.approx(c[t, rank].sum(), abs=1e-9)
+    old = dataclasses.replace(inputs, ops=[{k: v for k, v in r.items() if k != "combine_s"} for r in ops])
+    assert combine_s(old, STEPS) is None
+
+
 def test_importance_releases_are_staggered_in_the_replay(runs):
     rep = replay_run(runs / "sync-importance-sparse")
     low = [r["predicted_values_bytes"] for r in rep.rows]

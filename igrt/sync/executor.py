@@ -41,7 +41,10 @@ __all__ = ["Executor", "OpRecord", "StepRun", "union_length"]
 
 @dataclass(frozen=True, kw_only=True)
 class OpRecord:
-    """One op as this rank executed it: its plan op, the pairs this rank sent, the capacity, bytes."""
+    """One op as this rank executed it: its plan op, the pairs this rank sent, the capacity, bytes,
+    and ``combine_s``: this rank's CPU seconds after the collective ended turning what arrived
+    into the averaged fp32 result (decode, index-add of every rank's pairs, divide; 0 for a count
+    exchange). The replay takes it as an input, as it takes compute (igsim.studies.replay)."""
 
     step: int
     seq: int
@@ -49,6 +52,7 @@ class OpRecord:
     k: int
     capacity: int
     bytes: OpBytes
+    combine_s: float = 0.0
 
     def to_row(self, rank: int) -> dict[str, Any]:
         b = self.bytes
@@ -69,6 +73,7 @@ class OpRecord:
             "padding_bytes": b.padding_bytes,
             "wire_size_bytes": b.wire_size_bytes,
             "issued": int(b.issued),
+            "combine_s": self.combine_s,
         }
 
 
@@ -109,9 +114,17 @@ class StepRun:
         (this rank's parameters with a NaN / inf gradient)."""
         return {"nonfinite_skipped": float(self.skipped), "nonfinite_params": float(len(self.nonfinite_local))}
 
-    def log(self, op: CollectiveOp, *, k: int, capacity: int, b: OpBytes) -> None:
+    def log(self, op: CollectiveOp, *, k: int, capacity: int, b: OpBytes) -> int:
+        """Log an executed op; its ``seq`` (the index of its record)."""
         self.tally.add(b)
-        self.records.append(OpRecord(step=self.step, seq=len(self.records), op=op, k=k, capacity=capacity, bytes=b))
+        seq = len(self.records)
+        self.records.append(OpRecord(step=self.step, seq=seq, op=op, k=k, capacity=capacity, bytes=b))
+        return seq
+
+    def combined(self, seq: int, seconds: float) -> None:
+        """Record op ``seq``'s combine time (see :class:`OpRecord`); a DDP completion callback
+        calls it on gloo's thread (one list item replaced: atomic under the GIL)."""
+        self.records[seq] = replace(self.records[seq], combine_s=float(seconds))
 
     def metrics(
         self,
@@ -147,7 +160,12 @@ class StepRun:
             step_s=float(step_s),
             bucket_imbalance=float(bucket_imbalance),
             residual_norm=float(residual_norm),
-            extra={**self.timer.as_extra(), "padding_bytes": float(t.padding_bytes), **(extra or {})},
+            extra={
+                **self.timer.as_extra(),
+                "padding_bytes": float(t.padding_bytes),
+                "combine_s": sum(r.combine_s for r in self.records),
+                **(extra or {}),
+            },
         )
 
 
@@ -358,14 +376,17 @@ class Executor:
         giving the averaged flat fp32 result; ``wait=False`` inside a completion callback)."""
         s, op = self.sync, pl.op
         b = op_bytes(op, k=pl.k, capacity=capacity, config=s.config)
-        run.log(op, k=pl.k, capacity=capacity, b=b)
+        seq = run.log(op, k=pl.k, capacity=capacity, b=b)
         if op.kind == OpKind.DENSE_ALLREDUCE:
             work = comm.dense_all_reduce(pl.flat, s.group, async_op=True)
 
             def finish_dense(wait: bool = True) -> torch.Tensor:
                 if wait and work is not None:
                     work.wait()
-                return pl.flat.to(torch.float32).div_(s.world_size)
+                t = time.perf_counter()
+                acc = pl.flat.to(torch.float32).div_(s.world_size)
+                run.combined(seq, time.perf_counter() - t)
+                return acc
 
             return work, finish_dense
         if pl.rows:
@@ -380,8 +401,13 @@ class Executor:
             )  # fmt: skip
 
         def finish_sparse(wait: bool = True) -> torch.Tensor:
+            if wait and handle.work is not None:
+                handle.work.wait()  # the network; what follows is this rank's CPU work
+            t = time.perf_counter()
             pairs = handle.wait() if wait or handle.flat is None else handle.decode()
-            return aggregate_pairs(pairs, numel=op.numel, device=s.device)
+            acc = aggregate_pairs(pairs, numel=op.numel, device=s.device)
+            run.combined(seq, time.perf_counter() - t)
+            return acc
 
         return handle.work, finish_sparse
 

@@ -20,7 +20,10 @@ Per simulated step ``t`` (timeline in seconds since the step started, all ranks 
    so costs are cached.
 4. ``comm_end`` is the end of the last op (0 without one). Rank r's step time is
    ``max(f_r + b_r, comm_end) + o_r``; its exposed communication ``max(0, comm_end - (f_r + b_r))``;
-   ``comm_s`` is the union of op intervals (their sum, on one stream).
+   ``comm_s`` is the union of op intervals (their sum, on one stream). A replay whose workload
+   carries every rank's combine times (``Workload.combine_s_by_rank``: the CPU work after each
+   op that turns what arrived into the averaged gradient) ends rank r's op i at
+   ``max(end_i, done_{i-1}) + combine_r,i`` instead, and ``comm_end`` is rank r's last such end.
 
 Bytes per rank and step are :func:`igpolicy.step_plan.op_bytes` summed over the executed ops, as
 the runtime's executor sums them. ``k`` is the workload's recorded count when it was recorded at
@@ -143,15 +146,34 @@ class _Stream:
     tallies: list[WireTally]
     issued: list[tuple[int, float, float]] = field(default_factory=list)  # (op index, start, end)
 
-    def rank_comm_s(self, rank_gates: np.ndarray) -> np.ndarray:
+    def rank_done(self, num_ranks: int, combine: np.ndarray | None = None) -> np.ndarray:
+        """[R, issued ops]: when each rank is done with each issued op: the op's end on the wire
+        (or the rank's previous op, whichever is later) plus the rank's combine time for it
+        (``combine[r, i]``: its i-th plan op; a re-plan's ops have none). Ranks finish their ops
+        in order, on one thread; the wire does not wait for them (every op is already issued)."""
+        out = np.zeros((num_ranks, len(self.issued)))
+        prev, i = np.zeros(num_ranks), 0
+        for col, (j, _start, end) in enumerate(self.issued):
+            c = 0.0
+            if j >= 0:
+                if combine is not None and i < combine.shape[1]:
+                    c = combine[:, i]
+                i += 1
+            prev = np.maximum(end, prev) + c
+            out[:, col] = prev
+        return out
+
+    def rank_comm_s(self, rank_gates: np.ndarray, done: np.ndarray | None = None) -> np.ndarray:
         """Seconds each rank spends inside collectives, as the runtime times them: a rank calls op
         j when it is ready for it (``rank_gates[r, j]``) and its previous op has ended, and leaves
-        when the op ends, so an early rank's wait for the last one counts. [R]."""
+        when it is done with the op (``done``, from :meth:`rank_done`; default: the op's end), so
+        an early rank's wait for the last one counts. [R]."""
         out = np.zeros(rank_gates.shape[0])
-        prev = 0.0
-        for j, _start, end in self.issued:  # j < 0: not a plan op (a re-plan): every rank is there
-            out += end - (np.maximum(rank_gates[:, j], prev) if j >= 0 else prev)
-            prev = end
+        prev = np.zeros(rank_gates.shape[0])
+        for col, (j, _start, end) in enumerate(self.issued):  # j < 0: a re-plan: every rank is there
+            d = np.full(len(out), end) if done is None else done[:, col]
+            out += d - (np.maximum(rank_gates[:, j], prev) if j >= 0 else prev)
+            prev = d
         return out
 
 
@@ -237,8 +259,11 @@ class _Run:
         if self.replans is not None and self.replans.replans_after(t):
             stream = self._with_replan(stream)
         bend = fw + bw
-        step_s = np.maximum(bend + local, stream.comm_end_s) + op_s
-        comm_s = stream.comm_s if rank_gates is None else stream.rank_comm_s(rank_gates)
+        combine = self._combine(rec) if rank_gates is not None else None
+        done = stream.rank_done(len(fw), combine)
+        ends = done[:, -1] if done.shape[1] else np.zeros(len(fw))  # each rank's end of communication
+        step_s = np.maximum(bend + local, ends) + op_s
+        comm_s = stream.comm_s if rank_gates is None else stream.rank_comm_s(rank_gates, done)
         rows = slice(t * self.rows_per_step, (t + 1) * self.rows_per_step)
         tallies = stream.tallies if len(stream.tallies) == self.rows_per_step else stream.tallies * self.rows_per_step
         ib, vb = cfg.index_bytes, cfg.value_bytes
@@ -252,7 +277,7 @@ class _Run:
             if len(k_rows) == self.rows_per_step else lay.low_bytes(k_rows[0], index_bytes=ib, value_bytes=vb),
             compute_s=bend + op_s,
             comm_s=comm_s,
-            exposed_comm_s=np.maximum(0.0, stream.comm_end_s - (bend + local)),
+            exposed_comm_s=np.maximum(0.0, ends - (bend + local)),
             step_s=step_s,
             bucket_imbalance=lay.plan.bucket_imbalance,
         )  # fmt: skip
@@ -293,6 +318,12 @@ class _Run:
             return None
         local = w.local_s_by_rank[rec] if w.local_s_by_rank is not None and w.local_s_by_rank.shape[1] == p else np.zeros(p)
         return ph[rec, :, 0], ph[rec, :, 1], ph[rec, :, 2], local
+
+    def _combine(self, rec: int) -> np.ndarray | None:
+        """[R, J] each rank's combine seconds per issued op of recorded step ``rec`` (a replay's
+        ``Workload.combine_s_by_rank``), or None."""
+        c = self.workload.combine_s_by_rank
+        return c[rec] if c is not None and c.shape[1] == self.world_size else None
 
     def _stream(self, lay: PlanLayout, gate: np.ndarray, op_k: np.ndarray, step: int) -> _Stream:
         """The step's ops one after another on one stream (see the module docstring)."""

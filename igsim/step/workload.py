@@ -49,6 +49,11 @@ class Workload:
       scatter: the runtime's ``sync_s - comm_s``; under ``ddp-hook`` the hooks' selection), or None
       (0). An input like compute: a replay takes it from the run's metrics. The engine puts it
       between backward and the first collective (``ddp-hook``: each bucket's share before its launch).
+    - ``combine_s_by_rank``: float array [T, R, J] of each rank's CPU seconds after its i-th issued
+      collective of step t ended, turning what arrived into the averaged gradient (the runtime's
+      ``combine_s`` per op in ``ops.csv``: decode, index-add of every rank's pairs, divide; 0-padded
+      to the most ops of any step), or None (0). Also an input: the engine adds it, rank by rank,
+      after each op's network time (the next op's wire time is not delayed: it is already in flight).
     - ``grad_accum_steps``: A micro-batches per step; ``ready_s`` is then measured from the start of
       the last backward pass, the only one that communicates (see :meth:`ready_since_backward`).
     - ``source``: where it came from (informational).
@@ -65,6 +70,7 @@ class Workload:
     k_by_rank: np.ndarray | None = None
     phases_by_rank: np.ndarray | None = None
     local_s_by_rank: np.ndarray | None = None
+    combine_s_by_rank: np.ndarray | None = None
     grad_accum_steps: int = 1
     source: dict[str, Any] = field(default_factory=dict)
 
@@ -101,11 +107,13 @@ class Workload:
             if kr.ndim != 3 or kr.shape[0] != T or kr.shape[2] != P or np.any(kr < 0):
                 raise ValueError(f"workload {self.name!r}: k_by_rank must be [{T}, R, {P}] counts >= 0, got {kr.shape}")
             object.__setattr__(self, "k_by_rank", kr.astype(np.int64))
-        for name, tail in (("phases_by_rank", (3,)), ("local_s_by_rank", ())):
+        for name, tail in (("phases_by_rank", (3,)), ("local_s_by_rank", ()), ("combine_s_by_rank", None)):
             arr = getattr(self, name)
             if arr is None:
                 continue
             arr = np.asarray(arr, dtype=np.float64)
+            if tail is None:  # [T, R, J]: any number of ops
+                tail = arr.shape[2:] if arr.ndim == 3 else ("J",)
             if arr.ndim != 2 + len(tail) or arr.shape[0] != T or arr.shape[2:] != tail:
                 shape = ", ".join([str(T), "R", *map(str, tail)])
                 raise ValueError(f"workload {self.name!r}: {name} must have shape [{shape}], got {arr.shape}")

@@ -128,8 +128,9 @@ def _plan_schedule(root: Path) -> tuple[tuple[int, SyncPlan], ...]:
 
 def run_workload(inputs: RunInputs, *, complete_prefix: bool = False):
     """The run's own workload: every rank's own compute, readiness (means over ranks), per-rank sent
-    k (``complete_prefix``: of the steps before the trace's first incomplete one) and every rank's
-    local sync work from its metrics (:func:`local_sync_s`)."""
+    k (``complete_prefix``: of the steps before the trace's first incomplete one), every rank's
+    local sync work from its metrics (:func:`local_sync_s`) and its combine time per op from the
+    op log (:func:`combine_s`)."""
     from igsim.step.workload import Workload
 
     w = Workload.from_trace(inputs.directory / "trace", per_rank_k=True, complete_prefix=complete_prefix)
@@ -137,7 +138,29 @@ def run_workload(inputs: RunInputs, *, complete_prefix: bool = False):
         got = w.k_by_rank.shape[1]
         raise _fail(inputs.directory / "trace", f"{got} ranks recorded, the run had {inputs.world_size}")
     local = local_sync_s(inputs, w.num_recorded_steps)
-    return dataclasses.replace(w, local_s_by_rank=local) if local is not None else w
+    if local is not None:
+        w = dataclasses.replace(w, local_s_by_rank=local)
+    combine = combine_s(inputs, w.num_recorded_steps)
+    return dataclasses.replace(w, combine_s_by_rank=combine) if combine is not None else w
+
+
+def combine_s(inputs: RunInputs, num_steps: int) -> np.ndarray | None:
+    """[T, R, J] each rank's combine seconds of its i-th issued op of step t (``ops.csv``'s
+    ``combine_s``: the CPU work after the collective that turns what arrived into the averaged
+    gradient; 0-padded), or None for an op log without the column (runs recorded before it)."""
+    rows = [r for r in inputs.ops if int(r["issued"]) and int(r["step"]) < num_steps]
+    if not rows or "combine_s" not in rows[0]:
+        return None
+    seen: dict[tuple[int, int], list[tuple[int, float]]] = {}
+    for r in rows:
+        rank = int(r["rank"])
+        if 0 <= rank < inputs.world_size:
+            seen.setdefault((int(r["step"]), rank), []).append((int(r["seq"]), float(r["combine_s"] or 0.0)))
+    width = max((len(v) for v in seen.values()), default=0)
+    out = np.zeros((num_steps, inputs.world_size, width))
+    for (step, rank), ops in seen.items():
+        out[step, rank, : len(ops)] = [max(0.0, c) for _, c in sorted(ops)]
+    return out
 
 
 def local_sync_s(inputs: RunInputs, num_steps: int) -> np.ndarray | None:

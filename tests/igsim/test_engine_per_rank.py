@@ -87,3 +87,31 @@ def test_ddp_hook_launches_each_bucket_after_its_share_of_the_selection():
     moved = slow.spans["start_s"][gathers] - base.spans["start_s"][gathers]
     assert moved.max() <= 0.08 + 1e-12  # by at most the whole selection, each by its bucket's share
     assert float(slow.spans["end_s"].max()) >= float(base.spans["end_s"].max())
+
+
+def test_combine_time_ends_each_ranks_ops_after_the_wire_and_in_order():
+    # topk under sync: a count exchange, then one sparse gather; rank 1 combines 0.04 s, rank 2 0.01 s
+    phases = np.array([[[0.1, 0.2, 0.01]] * P])
+    base = _sim(_replay_workload(phases, None))
+    w = _replay_workload(phases, None)
+    n_ops = len(base.spans["end_s"])
+    assert n_ops == 2
+    combine = np.zeros((1, P, n_ops))
+    combine[0, 1, 1], combine[0, 2, 1] = 0.04, 0.01
+    combine[0, 2, 0] = 0.5  # a count exchange's combine delays only that rank's next op
+    res = _sim(dataclasses.replace(w, combine_s_by_rank=combine))
+    # the wire is not delayed: the same op spans
+    assert res.spans["end_s"] == pytest.approx(base.spans["end_s"])
+    end0, end1 = base.spans["end_s"]
+    done = np.array([end1, end1 + 0.04, max(end0 + 0.5, end1) + 0.01])
+    arrive = 0.3
+    assert _col(res, "comm_s") == pytest.approx(done - arrive)
+    assert _col(res, "step_s") == pytest.approx(done + 0.01)
+    assert _col(res, "exposed_comm_s") == pytest.approx(done - arrive)
+    # zero combine time is the plain replay; a bad shape is refused
+    zero = _sim(dataclasses.replace(w, combine_s_by_rank=np.zeros((1, P, n_ops))))
+    assert _col(zero, "step_s") == pytest.approx(_col(base, "step_s"))
+    with pytest.raises(ValueError, match="combine_s_by_rank must"):
+        dataclasses.replace(w, combine_s_by_rank=np.zeros((1, P)))
+    with pytest.raises(ValueError, match="combine_s_by_rank must be finite"):
+        dataclasses.replace(w, combine_s_by_rank=-np.ones((1, P, 2)))
