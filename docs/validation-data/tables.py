@@ -1,6 +1,7 @@
 """Print the collective tables of docs/validation.md from the recorded runs under this folder.
 
     python docs/validation-data/tables.py [RUNS_DIR]
+    python docs/validation-data/tables.py --rewrite-steps   # after a model change: recompute steps/*/report.json
 
 RUNS_DIR (default: ``runs/`` next to this file) holds ``igrt validate`` measurement folders named
 ``<round>-<testbed>-q<queue ms>`` (round A, B, C: three times; C under an extra busy loop). Prints
@@ -165,11 +166,80 @@ def step_table(report_path: Path) -> str:
     return "\n".join(out)
 
 
+def step_ablation(root: Path) -> dict[tuple[bool, bool], dict]:
+    """One ``igrt validate --steps`` set replayed with the replay model's two run-derived terms
+    switched off and on — ``combine`` (every rank's combine time per op, from the op log) and
+    ``carry_skew`` (each rank starts a step when it finished its previous one): by (combine,
+    carry_skew), :func:`igsim.studies.step_validation.compare_steps`'s summary."""
+    from igsim.net.calibration import Calibration
+    from igsim.studies import step_validation as sv
+
+    tb, _cases, _raw = v.load_measurements(root / "measurements.json")
+    topo, cal = v.testbed_topology(tb), Calibration.load(root / "calibration.json")
+    out = {}
+    for combine in (False, True):
+        for carry in (False, True):
+            runs = sv.simulate_runs(root / "steps", topology=topo, calibration=cal, combine=combine, carry_skew=carry)
+            out[combine, carry] = sv.compare_steps(runs, skip_steps=1)
+    return out
+
+
+def ablation_table(root: Path) -> str:
+    """:func:`step_ablation` as a markdown table (runs outside 10 % counted per column)."""
+    rows = [
+        "| combine | carried skew | comm, last rank: mean \\|error\\| (runs > 10 %) | comm, mean rank "
+        "| step (runs > 10 %) | Kendall τ by step / by comm |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for (combine, carry), g in step_ablation(root).items():
+        pol = g["policies"].values()
+        n_comm = sum(abs(r["error_vs_min"]) > 0.10 for r in pol)
+        n_step = sum(abs(r["step_error"]) > 0.10 for r in pol)
+        rows.append(
+            f"| {'yes' if combine else 'no'} | {'yes' if carry else 'no'} | {g['mean_abs_error_vs_min']:.1%} ({n_comm}) "
+            f"| {g['mean_abs_error_vs_mean']:.1%} | {g['mean_abs_step_error']:.1%} ({n_step}) "
+            f"| {g['kendall_tau_step']:.3f} / {g['kendall_tau_comm']:.3f} |"
+        )
+    return "\n".join(rows)
+
+
+def _has_combine(root: Path) -> bool:
+    ops = sorted((root / "steps").glob("real_*/ops.csv"))
+    return bool(ops) and "combine_s" in ops[0].read_text().split("\n", 1)[0]
+
+
+def rewrite_steps() -> int:
+    """Recompute the ``steps`` section of every committed ``steps/<run>/report.json`` with the
+    current model (the run's own calibration and topology, as ``igsim validate-report --steps-dir``
+    computed it), keeping the rest; what ``tests/igsim/test_step_validation_data.py`` then checks."""
+    import json
+
+    from igsim.net.calibration import Calibration
+    from igsim.studies import step_validation as sv
+
+    for path in sorted((Path(__file__).parent / "steps").glob("*/report.json")):
+        root = path.parent
+        tb, _cases, _raw = v.load_measurements(root / "measurements.json")
+        cal = Calibration.load(root / "calibration.json")
+        runs = sv.simulate_runs(root / "steps", topology=v.testbed_topology(tb), calibration=cal)
+        rep = json.loads(path.read_text())
+        skip = int(rep["steps"].get("skip_steps", 1))
+        rep["steps"] = sv.compare_steps(runs, skip_steps=skip, flags=sv.run_flags(root / "steps"))
+        path.write_text(json.dumps(rep, indent=1, allow_nan=False) + "\n")
+        print(f"rewrote {path}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--rewrite-steps"]:
+        return rewrite_steps()
     runs = Path(argv[0]) if argv else Path(__file__).parent / "runs"
     for rep in sorted((Path(__file__).parent / "steps").glob("*/report.json")):
         print(f"## training steps: {rep.parent.name}\n")
         print(step_table(rep) + "\n")
+        if _has_combine(rep.parent):
+            print(f"### {rep.parent.name}: the replay model's terms, off and on\n")
+            print(ablation_table(rep.parent) + "\n")
     print("## model and testbed changes (each run's own fit, validation cases)\n")
     print(model_table(runs))
     print("\n## transfer (fit on round A, every case of B and C out of sample)\n")

@@ -1,6 +1,7 @@
 """The step engine: cost every step's step plan on a topology, op for op.
 
-Per simulated step ``t`` (timeline in seconds since the step started, all ranks starting together):
+Per simulated step ``t`` (timeline in seconds since the step started, all ranks starting together;
+a replay on every rank's own times starts each rank when it finished its previous step):
 
 1. The step's collectives are :class:`igpolicy.planner.StepPlanner`'s step plan for the
    ``integration`` (the object and the function the runtime executes): decisions from
@@ -94,6 +95,7 @@ def simulate(
     label: str | None = None,
     exact_costs: bool = False,
     plan_schedule: Sequence[tuple[int, SyncPlan]] | None = None,
+    carry_skew: bool = True,
 ) -> SimResult:
     """Simulate ``num_steps`` training steps of ``config`` on ``topology``; returns a :class:`SimResult`.
 
@@ -113,7 +115,10 @@ def simulate(
     phases and planner, as the runtime's ``SyncState.apply_plan``), ``plan`` is ignored, and after
     every step that a re-plan follows the ranks run its collectives
     (:func:`igpolicy.online.replan_op_bytes`: bytes counted as metadata, costed after the step's last
-    op, before the optimizer). Deterministic: the same arguments give identical rows.
+    op, before the optimizer). ``carry_skew`` (on every rank's own times, a replay): each rank starts
+    a step when it finished its previous one, as in the runtime; False starts every rank of every
+    step together (the model before 2026-12-03, kept for ablations). Deterministic: the same
+    arguments give identical rows.
 
     Raises ValueError for ``num_steps < 1``, an unknown mode or integration, or a plan that does
     not cover the workload's components (from ``release_phases``).
@@ -130,7 +135,7 @@ def simulate(
         workload=workload, config=config, plan=plan, topology=topology, calibration=calibration,
         num_steps=int(num_steps), seed=seed, mode=mode, jitter=jitter, integration=integration,
         ddp_caps=(ddp_bucket_cap_bytes, ddp_first_bucket_cap_bytes), algorithms=(dense_algorithm, sparse_algorithm),
-        exact_costs=exact_costs, plan_schedule=plan_schedule,
+        exact_costs=exact_costs, plan_schedule=plan_schedule, carry_skew=carry_skew,
     )  # fmt: skip
     for t in range(int(num_steps)):
         run.step(t)
@@ -181,7 +186,7 @@ class _Run:
     """One simulation's state: the plan source, the costs, the per-step columns."""
 
     def __init__(self, *, workload, config, plan, topology, calibration, num_steps, seed, mode, jitter,
-                 integration, ddp_caps, algorithms, exact_costs, plan_schedule=None) -> None:  # fmt: skip
+                 integration, ddp_caps, algorithms, exact_costs, plan_schedule=None, carry_skew=True) -> None:  # fmt: skip
         schedule = _check_schedule(plan_schedule, config) if plan_schedule is not None else [(0, plan)]
         plan = schedule[0][1]
         self.workload, self.config, self.plan, self.integration = workload, config, plan, integration
@@ -224,6 +229,8 @@ class _Run:
         self.spans: dict[str, list] = {k: [] for k in ("step", "bucket", "kind", "start_s", "end_s", "size_bytes")}
         self.sent: list[frozenset[str]] = []
         self.clock = 0.0
+        self.offsets: np.ndarray | None = None  # replay: when each rank starts the next step, after the first
+        self.carry_skew = bool(carry_skew)
 
     def step(self, t: int) -> None:
         w, cfg = self.workload, self.config
@@ -242,6 +249,8 @@ class _Run:
             fw, bw, op_s, local = s * f, s * b, s * o, np.zeros(len(s))
         else:  # every rank on its own recorded times; the last to reach an op gates it
             fw, bw, op_s, local = own
+            off = self.offsets if self.offsets is not None and len(self.offsets) == len(fw) else np.zeros(len(fw))
+            fw = fw + off  # a rank starts when it finished its previous step (no barrier between steps)
             scale = bw / b if b > 0 else np.ones(len(bw))
             if self.integration == "ddp-hook":  # the hooks select inside backward, before each launch
                 rank_gates = np.stack([
@@ -259,10 +268,12 @@ class _Run:
         if self.replans is not None and self.replans.replans_after(t):
             stream = self._with_replan(stream)
         bend = fw + bw
+        start = np.zeros(len(fw)) if own is None else off  # each rank's own start of the step
         combine = self._combine(rec) if rank_gates is not None else None
         done = stream.rank_done(len(fw), combine)
         ends = done[:, -1] if done.shape[1] else np.zeros(len(fw))  # each rank's end of communication
-        step_s = np.maximum(bend + local, ends) + op_s
+        finish = np.maximum(bend + local, ends) + op_s
+        step_s = finish - start  # as each rank times its own step
         comm_s = stream.comm_s if rank_gates is None else stream.rank_comm_s(rank_gates, done)
         rows = slice(t * self.rows_per_step, (t + 1) * self.rows_per_step)
         tallies = stream.tallies if len(stream.tallies) == self.rows_per_step else stream.tallies * self.rows_per_step
@@ -275,13 +286,17 @@ class _Run:
             num_sending_components=lay.plan.num_sending_components,
             low_bytes=np.array([lay.low_bytes(kr, index_bytes=ib, value_bytes=vb) for kr in k_rows])
             if len(k_rows) == self.rows_per_step else lay.low_bytes(k_rows[0], index_bytes=ib, value_bytes=vb),
-            compute_s=bend + op_s,
+            compute_s=bend - start + op_s,
             comm_s=comm_s,
             exposed_comm_s=np.maximum(0.0, ends - (bend + local)),
             step_s=step_s,
             bucket_imbalance=lay.plan.bucket_imbalance,
         )  # fmt: skip
-        global_step_s = float(max(step_s.max(), (bend + local + op_s).max()))
+        if own is None:
+            global_step_s = float(max(step_s.max(), (bend + local + op_s).max()))
+        else:  # from this step's first start to the next one's: the earliest rank to finish starts it
+            global_step_s = float(finish.min()) if self.carry_skew else float(finish.max())
+            self.offsets = finish - finish.min() if self.carry_skew else None
         for key, v in (("start_s", self.clock), ("step_s", global_step_s), ("forward_s", float(fw.max())),
                        ("backward_end_s", float(bend.max())), ("comm_end_s", stream.comm_end_s)):  # fmt: skip
             self.steps[key][t] = v

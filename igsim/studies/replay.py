@@ -231,16 +231,27 @@ class Replay:
 
 
 def replay_run(
-    run_dir: str | Path, *, topology=None, calibration=None, mode: str = "auto", complete_prefix: bool = False
+    run_dir: str | Path,
+    *,
+    topology=None,
+    calibration=None,
+    mode: str = "auto",
+    complete_prefix: bool = False,
+    combine: bool = True,
+    carry_skew: bool = True,
 ) -> Replay:
     """Replay ``run_dir`` (see the module doc). ``topology`` defaults to a star of the run's world
     size at 10 Gbit/s and 25 µs per link. ``complete_prefix``: an incomplete trace replays (and
-    compares) its complete prefix; ``summary["truncated_at"]`` is its first incomplete step."""
+    compares) its complete prefix; ``summary["truncated_at"]`` is its first incomplete step.
+    ``combine=False`` ignores the op log's combine times and ``carry_skew=False`` starts every
+    rank of every step together (``simulate``'s): the replay model without them, for ablations."""
     from igsim.net.topology import star
     from igsim.step.engine import simulate
 
     inputs = load_run(run_dir)
     workload = run_workload(inputs, complete_prefix=complete_prefix)
+    if not combine:
+        workload = dataclasses.replace(workload, combine_s_by_rank=None)
     steps = sorted({int(r["step"]) for r in inputs.measured})
     truncated_at = workload.source.get("truncated_at")
     if truncated_at is not None:  # the measured steps the trace's complete prefix holds
@@ -266,7 +277,7 @@ def replay_run(
         workload=workload, config=inputs.config, plan=inputs.plan, topology=topology, calibration=calibration,
         num_steps=len(steps), mode=mode, integration=inputs.integration, plan_schedule=inputs.plan_schedule,
         ddp_bucket_cap_bytes=int(ddp.get("bucket_cap_bytes", 25 * 2**20)),
-        ddp_first_bucket_cap_bytes=ddp.get("first_bucket_cap_bytes", 2**20),
+        ddp_first_bucket_cap_bytes=ddp.get("first_bucket_cap_bytes", 2**20), carry_skew=carry_skew,
     )  # fmt: skip
     predicted = [r.to_row() for r in result.rows]
     rep = _compare(inputs, predicted, result, steps)

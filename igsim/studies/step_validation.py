@@ -71,11 +71,12 @@ def read_metrics(path: str | Path) -> list[dict[str, float]]:
 
 
 def simulate_runs(
-    steps_dir: str | Path, *, topology: Topology, calibration: Calibration
+    steps_dir: str | Path, *, topology: Topology, calibration: Calibration, **model: bool
 ) -> dict[str, tuple[list[dict[str, float]], list[dict[str, Any]]]]:
     """For every ``real_<label>`` run in ``steps_dir``, by label: (measured rows, predicted rows), from
     :func:`igsim.studies.replay.replay_run` — the run's own trace, plan and integration (so each run
-    must have been trained with ``--record-trace``). Raises ValueError when a replay's bytes or ops
+    must have been trained with ``--record-trace``; ``model``: its ``combine`` / ``carry_skew``
+    switches, for ablations). Raises ValueError when a replay's bytes or ops
     do not agree exactly with the run (the comparison of times would be about different steps)."""
     from igsim.studies.replay import replay_run
 
@@ -85,7 +86,7 @@ def simulate_runs(
         raise ValueError(f"{root}: no real_<policy> run directories")
     out = {}
     for run in runs:
-        rep = replay_run(run, topology=topology, calibration=calibration)
+        rep = replay_run(run, topology=topology, calibration=calibration, **model)
         s = rep.summary
         if not (s["bytes_exact"] and s["ops_exact"]):
             raise ValueError(
@@ -100,7 +101,8 @@ def simulate_runs(
 STEP_TIME_OF = (
     "the step period: measured, the mean over ranks of each rank's step time (every rank times its step "
     "from its own start, so skew carried over from the previous step moves time between ranks, not "
-    "their total); predicted, the slowest rank's completion (the simulator starts every rank together)"
+    "their total); predicted, the same: the replay starts each rank's step when that rank finished its "
+    "previous one, as the runtime does (no barrier between steps)"
 )
 
 #: a run's 1-minute load average above this share of the cores: the ranks did not have the CPU to
@@ -186,7 +188,7 @@ def compare_steps(
             "error_vs_mean": (p - m_mean) / m_mean if m_mean else math.nan,
             "measured_step_s": mean(_per_step(real, "step_s", statistics.mean)),
             "measured_step_max_over_ranks_s": mean(_per_step(real, "step_s", max)),
-            "predicted_step_s": mean(_per_step(sim, "step_s", max)),
+            "predicted_step_s": mean(_per_step(sim, "step_s", statistics.mean)),
             "step_time_of": STEP_TIME_OF,
             "measured_wire_bytes": mean(_per_step(real, "wire_bytes", statistics.mean)),
             "predicted_wire_bytes": mean(_per_step(sim, "wire_bytes", statistics.mean)),

@@ -115,3 +115,20 @@ def test_combine_time_ends_each_ranks_ops_after_the_wire_and_in_order():
         dataclasses.replace(w, combine_s_by_rank=np.zeros((1, P)))
     with pytest.raises(ValueError, match="combine_s_by_rank must be finite"):
         dataclasses.replace(w, combine_s_by_rank=-np.ones((1, P, 2)))
+
+
+def test_a_rank_starts_its_next_step_when_it_finished_the_last_one():
+    # no barrier between steps: rank 1's long optimizer step (0.2 s more) in step 0 makes it the last
+    # to reach step 1's collectives, though its step-1 compute is the same as everyone's
+    phases = np.tile(np.array([[0.1, 0.2, 0.01]]), (2, P, 1))
+    phases[0, 1, 2] = 0.21
+    res = _sim(_replay_workload(phases, None))
+    comm, step = _col(res, "comm_s").reshape(2, P), _col(res, "step_s").reshape(2, P)
+    net = [float(np.sum((res.spans["end_s"] - res.spans["start_s"])[res.spans["step"] == t])) for t in (0, 1)]
+    assert comm[0] == pytest.approx(np.full(P, net[0]))  # step 0: everyone starts together
+    assert step[0] == pytest.approx(net[0] + 0.3 + phases[0, :, 2])
+    assert comm[1, 1] == pytest.approx(net[1])  # step 1: rank 1 arrives last and waits for no one
+    assert comm[1, [0, 2]] == pytest.approx(net[1] + 0.2)  # the others wait for it
+    assert step[1] == pytest.approx([0.3 + 0.2 + net[1] + 0.01, 0.3 + net[1] + 0.01, 0.3 + 0.2 + net[1] + 0.01])
+    # each rank's own step time, averaged over ranks and steps, is the run's period
+    assert step.sum(axis=0) == pytest.approx(np.full(P, step.sum(axis=0)[0]))

@@ -44,3 +44,23 @@ def test_replaying_the_committed_runs_gives_the_committed_table(name):
         assert row["measured_wire_bytes"] == row["predicted_wire_bytes"]  # bytes exact
     for key in ("mean_abs_error_vs_min", "mean_abs_error_vs_mean", "mean_abs_step_error", "kendall_tau_step"):
         assert math.isclose(got[key], want[key], rel_tol=1e-9), key
+
+
+@pytest.mark.parametrize("name", [n for n in RUNS if n.startswith("C-")])
+def test_the_combine_times_bring_the_replayed_communication_closer(name):
+    """The sets recorded with every rank's combine time per op (C-*): replaying them with it
+    predicts each run's communication closer to the measurement than without it (the doc's
+    ablation table), and the runs' bytes stay exact either way."""
+    root = DATA / name
+    tb, _cases, _raw = v.load_measurements(root / "measurements.json")
+    topo, cal = v.testbed_topology(tb), Calibration.load(root / "calibration.json")
+    got = {
+        combine: sv.compare_steps(sv.simulate_runs(root / "steps", topology=topo, calibration=cal, combine=combine))
+        for combine in (False, True)
+    }
+    for key in ("mean_abs_error_vs_min", "mean_abs_error_vs_mean"):
+        assert got[True][key] < got[False][key], key
+    sparse = [p for p in got[True]["policies"] if not p.startswith("dense")]
+    assert all(  # without it every sparse run is predicted further below its measured communication
+        got[False]["policies"][p]["predicted_comm_s"] < got[True]["policies"][p]["predicted_comm_s"] for p in sparse
+    )
