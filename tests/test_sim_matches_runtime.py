@@ -15,6 +15,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -182,6 +183,26 @@ def test_every_rank_times_its_combine_work_and_the_replay_reads_it(runs, integra
         assert float(row["x_combine_s"]) == pytest.approx(c[t, rank].sum(), abs=1e-9)
     old = dataclasses.replace(inputs, ops=[{k: v for k, v in r.items() if k != "combine_s"} for r in ops])
     assert combine_s(old, STEPS) is None
+
+
+def test_the_ddp_hook_times_its_finalize_and_the_replay_reads_it(runs):
+    """Under the DDP hook every rank records the time from the end of its communication and of
+    backward's own work to backward's return (``x_finalize_s``), inside its exposed time; the
+    replay takes it per rank and step, and runs under sync have none."""
+    import csv
+
+    from igsim.studies.replay import finalize_s, run_workload
+
+    run = runs / "ddp-hook-topk-sparse"
+    rows = [r for r in csv.DictReader((run / "metrics.csv").open()) if int(r["step"]) < STEPS]
+    fin = np.array([float(r["x_finalize_s"]) for r in rows])
+    assert np.all(fin >= 0) and fin.max() > 0
+    assert all(float(r["x_finalize_s"]) <= float(r["exposed_comm_s"]) + 1e-9 for r in rows)
+    w = run_workload(load_run(run))
+    assert w.finalize_s_by_rank.shape == (STEPS, 2)
+    for r in rows:
+        assert w.finalize_s_by_rank[int(r["step"]), int(r["rank"])] == pytest.approx(float(r["x_finalize_s"]))
+    assert finalize_s(load_run(runs / "sync-topk-sparse"), STEPS) is None
 
 
 def test_importance_releases_are_staggered_in_the_replay(runs):

@@ -101,6 +101,19 @@ class ImportanceHookState:
         starts = [a for run in self._pending for a, _ in run.intervals]
         return max(starts) if starts else None
 
+    def backward_done_s(self) -> float | None:
+        """perf_counter time the last bucket's hook of the backward passes not yet finished returned
+        (the end of backward's own work: every bucket ready, selected and launched), else the latest
+        collective launch, else None."""
+        done = [run.hooks_done_s for run in self._pending if run.hooks_done_s is not None]
+        return max(done) if done else self.last_launch_s()
+
+    def comm_done_s(self) -> float | None:
+        """perf_counter time the last collective of those backward passes completed (its combine
+        included: a completion callback records it), or None when they launched nothing."""
+        ends = [b for run in self._pending for _, b in run.intervals]
+        return max(ends) if ends else None
+
     def finish_step(self) -> list[StepMetrics]:
         """After backward: unsent grads -> None (or zeros) and one StepMetrics row per finished step."""
         rows = []
@@ -193,7 +206,8 @@ def importance_hook(
         for name in names:
             if name not in sending:
                 sync.hold(name, grads(name))
-    if bucket.is_last():
+    last = bucket.is_last()
+    if last:
         state._end_backward()
 
     def write_back(op: CollectiveOp, acc: torch.Tensor) -> torch.Tensor:
@@ -206,4 +220,7 @@ def importance_hook(
             sub += n
         return out
 
-    return sync.executor.launch_bucket(ops, grads, run, write_back=write_back, empty=buffer.zero_, poison=poison)
+    fut = sync.executor.launch_bucket(ops, grads, run, write_back=write_back, empty=buffer.zero_, poison=poison)
+    if last:
+        run.hooks_done_s = time.perf_counter()
+    return fut

@@ -106,6 +106,7 @@ class StepRun:
     nonfinite_local: list[str] = field(default_factory=list)  # this rank's non-finite parameters
     skipped: bool = False  # a non-finite gradient somewhere: nothing applied on any rank
     poison_pending: bool = False  # DDP hook: a non-finite bucket seen, not yet carried by an op
+    hooks_done_s: float | None = None  # DDP hook: perf_counter when the last bucket's hook returned
     timer: PhaseTimer = field(default_factory=PhaseTimer)
     t0: float = field(default_factory=time.perf_counter)
 

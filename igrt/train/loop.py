@@ -294,7 +294,9 @@ class _RankRun:
             exposed_s = row.exposed_comm_s  # blocking: every collective's time is exposed
         else:
             exposed_s = _hook_exposed_s(self.hook, t1)
+            finalize_s = _hook_finalize_s(self.hook, t1)
             (row,) = self.hook.finish_step()
+            row = dataclasses.replace(row, extra={**row.extra, "finalize_s": finalize_s})
         if o.drop_held_residuals:
             held = [n for n in self.sync.params if n not in self.sync.last_run.results]
             self.sync.drop_residuals(held)
@@ -385,10 +387,20 @@ def _deepspeed_engine(model, optimizer, options: TrainOptions):
 
 
 def _hook_exposed_s(state, backward_end: float) -> float:
-    """ddp-hook: seconds from the last collective's launch to the end of backward (DDP waits for
-    every bucket there)."""
-    last = state.last_launch_s()
+    """ddp-hook: seconds from the end of backward's own work (the last bucket's hook returned:
+    every bucket ready, selected and launched) to ``backward()``'s return (DDP waits for every
+    bucket there)."""
+    last = state.backward_done_s()
     return max(0.0, backward_end - last) if last is not None else 0.0
+
+
+def _hook_finalize_s(state, backward_end: float) -> float:
+    """ddp-hook: seconds from the later of backward's own work and the last collective's completion
+    (its combine included) to ``backward()``'s return: DDP's write-back of the buckets into the
+    gradients and its wake-up, plus any wait for a core. Inside ``exposed_comm_s``, not ``comm_s``;
+    ``igsim replay`` takes it as an input (``x_finalize_s``)."""
+    marks = [m for m in (state.backward_done_s(), state.comm_done_s()) if m is not None]
+    return max(0.0, backward_end - max(marks)) if marks else 0.0
 
 
 def _status(options: TrainOptions, rank: int, message: str) -> None:

@@ -24,7 +24,10 @@ a replay on every rank's own times starts each rank when it finished its previou
    ``comm_s`` is the union of op intervals (their sum, on one stream). A replay whose workload
    carries every rank's combine times (``Workload.combine_s_by_rank``: the CPU work after each
    op that turns what arrived into the averaged gradient) ends rank r's op i at
-   ``max(end_i, done_{i-1}) + combine_r,i`` instead, and ``comm_end`` is rank r's last such end.
+   ``max(end_i, done_{i-1}) + combine_r,i`` instead, and ``comm_end`` is rank r's last such end;
+   its ``Workload.finalize_s_by_rank`` (a ``ddp-hook`` run's: DDP's write-back after the last
+   bucket) is added after ``max(f_r + b_r, comm_end)``, to the step and the exposed time, not to
+   ``comm_s``.
 
 Bytes per rank and step are :func:`igpolicy.step_plan.op_bytes` summed over the executed ops, as
 the runtime's executor sums them. ``k`` is the workload's recorded count when it was recorded at
@@ -272,7 +275,8 @@ class _Run:
         combine = self._combine(rec) if rank_gates is not None else None
         done = stream.rank_done(len(fw), combine)
         ends = done[:, -1] if done.shape[1] else np.zeros(len(fw))  # each rank's end of communication
-        finish = np.maximum(bend + local, ends) + op_s
+        fin = self._finalize(rec) if rank_gates is not None else 0.0
+        finish = np.maximum(bend + local, ends) + fin + op_s
         step_s = finish - start  # as each rank times its own step
         comm_s = stream.comm_s if rank_gates is None else stream.rank_comm_s(rank_gates, done)
         rows = slice(t * self.rows_per_step, (t + 1) * self.rows_per_step)
@@ -288,7 +292,7 @@ class _Run:
             if len(k_rows) == self.rows_per_step else lay.low_bytes(k_rows[0], index_bytes=ib, value_bytes=vb),
             compute_s=bend - start + op_s,
             comm_s=comm_s,
-            exposed_comm_s=np.maximum(0.0, ends - (bend + local)),
+            exposed_comm_s=np.maximum(0.0, ends - (bend + local)) + fin,
             step_s=step_s,
             bucket_imbalance=lay.plan.bucket_imbalance,
         )  # fmt: skip
@@ -339,6 +343,12 @@ class _Run:
         ``Workload.combine_s_by_rank``), or None."""
         c = self.workload.combine_s_by_rank
         return c[rec] if c is not None and c.shape[1] == self.world_size else None
+
+    def _finalize(self, rec: int) -> np.ndarray | float:
+        """[R] each rank's seconds from its end of communication and backward to backward's
+        return in recorded step ``rec`` (a replay's ``Workload.finalize_s_by_rank``), else 0."""
+        f = self.workload.finalize_s_by_rank
+        return f[rec] if f is not None and f.shape[1] == self.world_size else 0.0
 
     def _stream(self, lay: PlanLayout, gate: np.ndarray, op_k: np.ndarray, step: int) -> _Stream:
         """The step's ops one after another on one stream (see the module docstring)."""

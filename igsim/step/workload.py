@@ -54,6 +54,10 @@ class Workload:
       ``combine_s`` per op in ``ops.csv``: decode, index-add of every rank's pairs, divide; 0-padded
       to the most ops of any step), or None (0). Also an input: the engine adds it, rank by rank,
       after each op's network time (the next op's wire time is not delayed: it is already in flight).
+    - ``finalize_s_by_rank``: float array [T, R] of each rank's seconds after its communication
+      and backward's own work both ended until its backward returned (``ddp-hook``: DDP writing
+      the buckets back into the gradients and waking, plus any wait for a core; the runtime's
+      ``finalize_s``), or None (0). An input too: the engine adds it before the optimizer.
     - ``grad_accum_steps``: A micro-batches per step; ``ready_s`` is then measured from the start of
       the last backward pass, the only one that communicates (see :meth:`ready_since_backward`).
     - ``source``: where it came from (informational).
@@ -71,6 +75,7 @@ class Workload:
     phases_by_rank: np.ndarray | None = None
     local_s_by_rank: np.ndarray | None = None
     combine_s_by_rank: np.ndarray | None = None
+    finalize_s_by_rank: np.ndarray | None = None
     grad_accum_steps: int = 1
     source: dict[str, Any] = field(default_factory=dict)
 
@@ -107,7 +112,8 @@ class Workload:
             if kr.ndim != 3 or kr.shape[0] != T or kr.shape[2] != P or np.any(kr < 0):
                 raise ValueError(f"workload {self.name!r}: k_by_rank must be [{T}, R, {P}] counts >= 0, got {kr.shape}")
             object.__setattr__(self, "k_by_rank", kr.astype(np.int64))
-        for name, tail in (("phases_by_rank", (3,)), ("local_s_by_rank", ()), ("combine_s_by_rank", None)):
+        for name, tail in (("phases_by_rank", (3,)), ("local_s_by_rank", ()), ("finalize_s_by_rank", ()),
+                          ("combine_s_by_rank", None)):  # fmt: skip
             arr = getattr(self, name)
             if arr is None:
                 continue

@@ -141,7 +141,10 @@ def run_workload(inputs: RunInputs, *, complete_prefix: bool = False):
     if local is not None:
         w = dataclasses.replace(w, local_s_by_rank=local)
     combine = combine_s(inputs, w.num_recorded_steps)
-    return dataclasses.replace(w, combine_s_by_rank=combine) if combine is not None else w
+    if combine is not None:
+        w = dataclasses.replace(w, combine_s_by_rank=combine)
+    finalize = finalize_s(inputs, w.num_recorded_steps)
+    return dataclasses.replace(w, finalize_s_by_rank=finalize) if finalize is not None else w
 
 
 def combine_s(inputs: RunInputs, num_steps: int) -> np.ndarray | None:
@@ -160,6 +163,21 @@ def combine_s(inputs: RunInputs, num_steps: int) -> np.ndarray | None:
     out = np.zeros((num_steps, inputs.world_size, width))
     for (step, rank), ops in seen.items():
         out[step, rank, : len(ops)] = [max(0.0, c) for _, c in sorted(ops)]
+    return out
+
+
+def finalize_s(inputs: RunInputs, num_steps: int) -> np.ndarray | None:
+    """[T, R] each rank's seconds from the end of its communication and backward's own work to
+    backward's return (``x_finalize_s``, ``ddp-hook`` only: DDP's write-back and wake-up), or None
+    for other integrations and runs recorded before the column."""
+    rows = [r for r in inputs.measured if "x_finalize_s" in r and int(r["step"]) < num_steps]
+    if inputs.integration != "ddp-hook" or not rows:
+        return None
+    out = np.zeros((num_steps, inputs.world_size))
+    for r in rows:
+        rank = int(r["rank"])
+        if 0 <= rank < inputs.world_size:
+            out[int(r["step"]), rank] = max(0.0, float(r["x_finalize_s"] or 0.0))
     return out
 
 
@@ -239,12 +257,14 @@ def replay_run(
     complete_prefix: bool = False,
     combine: bool = True,
     carry_skew: bool = True,
+    finalize: bool = True,
 ) -> Replay:
     """Replay ``run_dir`` (see the module doc). ``topology`` defaults to a star of the run's world
     size at 10 Gbit/s and 25 µs per link. ``complete_prefix``: an incomplete trace replays (and
     compares) its complete prefix; ``summary["truncated_at"]`` is its first incomplete step.
-    ``combine=False`` ignores the op log's combine times and ``carry_skew=False`` starts every
-    rank of every step together (``simulate``'s): the replay model without them, for ablations."""
+    ``combine=False`` ignores the op log's combine times, ``finalize=False`` the DDP hook's
+    finalize times and ``carry_skew=False`` starts every rank of every step together
+    (``simulate``'s): the replay model without them, for ablations."""
     from igsim.net.topology import star
     from igsim.step.engine import simulate
 
@@ -252,6 +272,8 @@ def replay_run(
     workload = run_workload(inputs, complete_prefix=complete_prefix)
     if not combine:
         workload = dataclasses.replace(workload, combine_s_by_rank=None)
+    if not finalize:
+        workload = dataclasses.replace(workload, finalize_s_by_rank=None)
     steps = sorted({int(r["step"]) for r in inputs.measured})
     truncated_at = workload.source.get("truncated_at")
     if truncated_at is not None:  # the measured steps the trace's complete prefix holds

@@ -117,6 +117,28 @@ def test_combine_time_ends_each_ranks_ops_after_the_wire_and_in_order():
         dataclasses.replace(w, combine_s_by_rank=-np.ones((1, P, 2)))
 
 
+def test_ddp_finalize_time_delays_the_step_and_the_next_start_not_the_communication():
+    # ddp-hook, 2 steps: rank 1 spends 0.15 s after its last bucket's collective before backward
+    # returns (DDP's write-back); its step grows by that, its comm_s does not, and it reaches
+    # step 1's collectives 0.15 s late, so the others wait for it there
+    phases = np.tile(np.array([[0.1, 0.2, 0.01]]), (2, P, 1))
+    w = _replay_workload(phases, None)
+    base = _sim(w, "ddp-hook")
+    fin = np.zeros((2, P))
+    fin[0, 1] = 0.15
+    res = _sim(dataclasses.replace(w, finalize_s_by_rank=fin), "ddp-hook")
+    step_b, step_f = _col(base, "step_s").reshape(2, P), _col(res, "step_s").reshape(2, P)
+    comm_b, comm_f = _col(base, "comm_s").reshape(2, P), _col(res, "comm_s").reshape(2, P)
+    exp_b, exp_f = _col(base, "exposed_comm_s").reshape(2, P), _col(res, "exposed_comm_s").reshape(2, P)
+    assert step_f[0] == pytest.approx(step_b[0] + np.array([0.0, 0.15, 0.0]))
+    assert exp_f[0] == pytest.approx(exp_b[0] + np.array([0.0, 0.15, 0.0]))
+    assert comm_f[0] == pytest.approx(comm_b[0])
+    assert comm_f[1, [0, 2]] == pytest.approx(comm_b[1, [0, 2]] + 0.15)  # they wait for rank 1
+    assert comm_f[1, 1] == pytest.approx(comm_b[1, 1])
+    with pytest.raises(ValueError, match="finalize_s_by_rank must"):
+        dataclasses.replace(w, finalize_s_by_rank=np.zeros((2, P, 1)))
+
+
 def test_a_rank_starts_its_next_step_when_it_finished_the_last_one():
     # no barrier between steps: rank 1's long optimizer step (0.2 s more) in step 0 makes it the last
     # to reach step 1's collectives, though its step-1 compute is the same as everyone's
