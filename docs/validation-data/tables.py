@@ -166,46 +166,67 @@ def step_table(report_path: Path) -> str:
     return "\n".join(out)
 
 
-def step_ablation(root: Path) -> dict[tuple[bool, bool], dict]:
-    """One ``igrt validate --steps`` set replayed with the replay model's two run-derived terms
-    switched off and on — ``combine`` (every rank's combine time per op, from the op log) and
-    ``carry_skew`` (each rank starts a step when it finished its previous one): by (combine,
-    carry_skew), :func:`igsim.studies.step_validation.compare_steps`'s summary."""
+TERMS = ("combine", "carry_skew", "finalize")
+
+
+def _has_column(root: Path, name: str, file: str) -> bool:
+    found = sorted((root / "steps").glob(f"real_*/{file}"))
+    return any(name in p.read_text().split("\n", 1)[0] for p in found)
+
+
+def _has_combine(root: Path) -> bool:
+    return _has_column(root, "combine_s", "ops.csv")
+
+
+def _has_finalize(root: Path) -> bool:
+    return _has_column(root, "x_finalize_s", "metrics.csv")
+
+
+def _switch_sets(root: Path) -> list[tuple[bool, bool, bool]]:
+    """The (combine, carry_skew, finalize) settings a set's ablation shows: every pair of the first
+    two; with DDP-hook finalize times, also each model without and then with them."""
+    sets = [(c, k, False) for c in (False, True) for k in (False, True)]
+    if _has_finalize(root):
+        sets = [(False, False, False), (False, False, True), (True, True, False), (True, True, True)]
+    return sets
+
+
+def step_ablation(root: Path) -> dict[tuple[bool, bool, bool], dict]:
+    """One ``igrt validate --steps`` set replayed with the replay model's run-derived terms switched
+    off and on — ``combine`` (every rank's combine time per op, from the op log), ``carry_skew``
+    (each rank starts a step when it finished its previous one) and ``finalize`` (a DDP-hook rank's
+    time from its end of communication to backward's return, from its metrics): by (combine,
+    carry_skew, finalize), :func:`igsim.studies.step_validation.compare_steps`'s summary."""
     from igsim.net.calibration import Calibration
     from igsim.studies import step_validation as sv
 
     tb, _cases, _raw = v.load_measurements(root / "measurements.json")
     topo, cal = v.testbed_topology(tb), Calibration.load(root / "calibration.json")
     out = {}
-    for combine in (False, True):
-        for carry in (False, True):
-            runs = sv.simulate_runs(root / "steps", topology=topo, calibration=cal, combine=combine, carry_skew=carry)
-            out[combine, carry] = sv.compare_steps(runs, skip_steps=1)
+    for switches in _switch_sets(root):
+        runs = sv.simulate_runs(root / "steps", topology=topo, calibration=cal, **dict(zip(TERMS, switches)))
+        out[switches] = sv.compare_steps(runs, skip_steps=1)
     return out
 
 
 def ablation_table(root: Path) -> str:
     """:func:`step_ablation` as a markdown table (runs outside 10 % counted per column)."""
     rows = [
-        "| combine | carried skew | comm, last rank: mean \\|error\\| (runs > 10 %) | comm, mean rank "
+        "| combine | carried skew | DDP finalize | comm, last rank: mean \\|error\\| (runs > 10 %) | comm, mean rank "
         "| step (runs > 10 %) | Kendall τ by step / by comm |",
-        "|---|---|---:|---:|---:|---|",
+        "|---|---|---|---:|---:|---:|---|",
     ]
-    for (combine, carry), g in step_ablation(root).items():
+    yn = {True: "yes", False: "no"}
+    for switches, g in step_ablation(root).items():
         pol = g["policies"].values()
         n_comm = sum(abs(r["error_vs_min"]) > 0.10 for r in pol)
         n_step = sum(abs(r["step_error"]) > 0.10 for r in pol)
         rows.append(
-            f"| {'yes' if combine else 'no'} | {'yes' if carry else 'no'} | {g['mean_abs_error_vs_min']:.1%} ({n_comm}) "
+            f"| {' | '.join(yn[x] for x in switches)} | {g['mean_abs_error_vs_min']:.1%} ({n_comm}) "
             f"| {g['mean_abs_error_vs_mean']:.1%} | {g['mean_abs_step_error']:.1%} ({n_step}) "
             f"| {g['kendall_tau_step']:.3f} / {g['kendall_tau_comm']:.3f} |"
         )
     return "\n".join(rows)
-
-
-def _has_combine(root: Path) -> bool:
-    ops = sorted((root / "steps").glob("real_*/ops.csv"))
-    return bool(ops) and "combine_s" in ops[0].read_text().split("\n", 1)[0]
 
 
 def rewrite_steps() -> int:

@@ -46,9 +46,13 @@ def test_replaying_the_committed_runs_gives_the_committed_table(name):
         assert math.isclose(got[key], want[key], rel_tol=1e-9), key
 
 
-@pytest.mark.parametrize("name", [n for n in RUNS if n.startswith("C-")])
+def _with_column(name: str, column: str, file: str) -> bool:
+    return any(column in p.read_text().split("\n", 1)[0] for p in (DATA / name / "steps").glob(f"real_*/{file}"))
+
+
+@pytest.mark.parametrize("name", [n for n in RUNS if _with_column(n, "combine_s", "ops.csv")])
 def test_the_combine_times_bring_the_replayed_communication_closer(name):
-    """The sets recorded with every rank's combine time per op (C-*): replaying them with it
+    """The sets recorded with every rank's combine time per op (C-* on): replaying them with it
     predicts each run's communication closer to the measurement than without it (the doc's
     ablation table), and the runs' bytes stay exact either way."""
     root = DATA / name
@@ -64,3 +68,25 @@ def test_the_combine_times_bring_the_replayed_communication_closer(name):
     assert all(  # without it every sparse run is predicted further below its measured communication
         got[False]["policies"][p]["predicted_comm_s"] < got[True]["policies"][p]["predicted_comm_s"] for p in sparse
     )
+
+
+@pytest.mark.parametrize("name", [n for n in RUNS if _with_column(n, "x_finalize_s", "metrics.csv")])
+def test_the_ddp_finalize_times_bring_the_ddp_hook_steps_closer(name):
+    """The sets recorded with every DDP-hook rank's finalize time (E-* on): replaying them with it
+    predicts the DDP-hook runs' step times closer in the mean than without it, never shorter than
+    without it, and leaves the Synchronizer's runs as they were (they have no finalize)."""
+    root = DATA / name
+    tb, _cases, _raw = v.load_measurements(root / "measurements.json")
+    topo, cal = v.testbed_topology(tb), Calibration.load(root / "calibration.json")
+    got = {
+        fin: sv.compare_steps(sv.simulate_runs(root / "steps", topology=topo, calibration=cal, finalize=fin))["policies"]
+        for fin in (False, True)
+    }
+    hook = [p for p in got[True] if p.endswith("-ddp-hook")]
+    assert len(hook) >= 5
+    err = {fin: sum(abs(got[fin][p]["step_error"]) for p in hook) / len(hook) for fin in (False, True)}
+    assert err[True] < err[False]
+    assert all(got[True][p]["predicted_step_s"] >= got[False][p]["predicted_step_s"] - 1e-12 for p in hook)
+    for p in got[True]:
+        if not p.endswith("-ddp-hook"):
+            assert got[True][p]["predicted_step_s"] == got[False][p]["predicted_step_s"], p
