@@ -164,7 +164,7 @@ class ImportanceHookState:
             rank=sync.rank,
             policy=self.config.policy,
             comm_s=union_length(run.intervals),
-            exposed_comm_s=0.0,  # the caller knows when backward ended (train: last_launch_s)
+            exposed_comm_s=0.0,  # the caller knows when backward ended (train: backward_done_s)
             step_s=time.perf_counter() - run.t0,
             num_sending_components=len(decision.release.send & components),
             bucket_imbalance=max(sizes) / (sum(sizes) / len(sizes)) if sizes else 1.0,
