@@ -282,6 +282,7 @@ class _RankRun:
                 self.engine.step()  # not a boundary: DeepSpeed only counts the micro-batch
         _device_sync(device)
         t1 = time.perf_counter()
+        hook_extra: dict[str, float] = {}  # ddp-hook: its finalize time
         if self.engine is not None:  # the boundary: engine.step -> our optimizer -> Synchronizer.step
             self.engine.step()
             _device_sync(device)
@@ -294,9 +295,8 @@ class _RankRun:
             exposed_s = row.exposed_comm_s  # blocking: every collective's time is exposed
         else:
             exposed_s = _hook_exposed_s(self.hook, t1)
-            finalize_s = _hook_finalize_s(self.hook, t1)
+            hook_extra = {"finalize_s": _hook_finalize_s(self.hook, t1)}
             (row,) = self.hook.finish_step()
-            row = dataclasses.replace(row, extra={**row.extra, "finalize_s": finalize_s})
         if o.drop_held_residuals:
             held = [n for n in self.sync.params if n not in self.sync.last_run.results]
             self.sync.drop_residuals(held)
@@ -317,7 +317,7 @@ class _RankRun:
                 step=row.step, forward_s=forward_s, backward_s=max(0.0, backward_s), optimizer_s=t3 - t2,
                 loss=loss_sum, sent_k=self.sync.last_run.sent_k if self.sync.last_run is not None else {},
             )  # fmt: skip
-        extra = {**row.extra, "forward_backward_s": t1 - t0, "optimizer_s": t3 - t2, "loss": loss_sum}
+        extra = {**row.extra, **hook_extra, "forward_backward_s": t1 - t0, "optimizer_s": t3 - t2, "loss": loss_sum}
         return dataclasses.replace(
             row, compute_s=compute_s, step_s=t3 - t0, exposed_comm_s=exposed_s, extra=extra
         )

@@ -170,14 +170,21 @@ def finalize_s(inputs: RunInputs, num_steps: int) -> np.ndarray | None:
     """[T, R] each rank's seconds from the end of its communication and backward's own work to
     backward's return (``x_finalize_s``, ``ddp-hook`` only: DDP's write-back and wake-up), or None
     for other integrations and runs recorded before the column."""
-    rows = [r for r in inputs.measured if "x_finalize_s" in r and int(r["step"]) < num_steps]
-    if inputs.integration != "ddp-hook" or not rows:
+    if inputs.integration != "ddp-hook":
+        return None
+    return _metric_by_step_rank(inputs, num_steps, "x_finalize_s", lambda r: float(r["x_finalize_s"] or 0.0))
+
+
+def _metric_by_step_rank(inputs: RunInputs, num_steps: int, column: str, value) -> np.ndarray | None:
+    """[T, R] ``max(0, value(row))`` of every metrics row that has ``column``, or None when none has it."""
+    rows = [r for r in inputs.measured if column in r and int(r["step"]) < num_steps]
+    if not rows:
         return None
     out = np.zeros((num_steps, inputs.world_size))
     for r in rows:
         rank = int(r["rank"])
         if 0 <= rank < inputs.world_size:
-            out[int(r["step"]), rank] = max(0.0, float(r["x_finalize_s"] or 0.0))
+            out[int(r["step"]), rank] = max(0.0, value(r))
     return out
 
 
@@ -192,17 +199,14 @@ def local_sync_s(inputs: RunInputs, num_steps: int) -> np.ndarray | None:
       trace's backward time) but before each bucket's collective is launched;
     - None otherwise, or when the rows lack the columns."""
     column = {"sync": "x_sync_s", "ddp-hook": "x_select_s"}.get(inputs.integration)
-    rows = [r for r in inputs.measured if column and column in r and int(r["step"]) < num_steps]
-    if not rows:
+    if column is None:
         return None
-    out = np.zeros((num_steps, inputs.world_size))
-    for r in rows:
-        rank = int(r["rank"])
-        if 0 <= rank < inputs.world_size:
-            v = float(r[column]) - (float(r["comm_s"]) if inputs.integration == "sync" else 0.0)
-            v -= float(r.get("x_online_replan_s", 0.0) or 0.0)  # a re-plan's collectives: costed by the engine
-            out[int(r["step"]), rank] = max(0.0, v)
-    return out
+
+    def value(r) -> float:
+        v = float(r[column]) - (float(r["comm_s"]) if inputs.integration == "sync" else 0.0)
+        return v - float(r.get("x_online_replan_s", 0.0) or 0.0)  # a re-plan's collectives: costed by the engine
+
+    return _metric_by_step_rank(inputs, num_steps, column, value)
 
 
 @dataclass(frozen=True, kw_only=True)
