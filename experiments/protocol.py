@@ -31,7 +31,9 @@ switched on its own in an importance run (:data:`VARIANTS`): ``imp_nocatch`` (ca
 4,096 entries sent dense), ``imp_online`` (no offline plan: online profiling, so no profiling
 run), ``imp_online_r8`` (the same at release period 8), ``imp_online_r8_fresh`` (and the freshly
 initialised task head, ``--fresh auto``, its own component sent every step),
-``imp_online_r8_fresh_cap`` (and every re-plan capped at 0.16 x Top-k's bytes, ``--max-share``).
+``imp_online_r8_fresh_cap`` (and every re-plan capped at 0.16 x Top-k's bytes, ``--max-share``),
+``imp_online_r8_thin`` (online R = 8 with ``--low-mode thin``: low components send every step at
+density / 8 instead of holding for 8 steps).
 
 **Cached and resumable.** Every run is one subprocess (``igrt train``, or ``python -m
 experiments.protocol --powersgd-run DIR`` for PowerSGD) writing into its own folder under
@@ -97,6 +99,7 @@ POLICIES = (
     "imp_online_r8_fresh",
     "topk_fresh_equal",
     "imp_online_r8_fresh_cap",
+    "imp_online_r8_thin",
 )
 QUICK_POLICIES = ("topk", "importance")
 LABELS = {
@@ -118,6 +121,7 @@ LABELS = {
     "imp_online_r8_fresh": "importance, online profiling, R = 8, fresh head always sent",
     "topk_fresh_equal": "Top-k+EF thinned to 0.457 x bytes",
     "imp_online_r8_fresh_cap": "importance, online R = 8, fresh head sent, plans capped at 0.16 x bytes",
+    "imp_online_r8_thin": "importance, online R = 8, low components thinned (every step at density / 8)",
 }
 # Top-k+EF thinned to a share of its bytes: the knee plan's expected share (None: derived from the
 # plan) or a fixed one (the bytes target's 0.25 x)
@@ -141,6 +145,9 @@ VARIANTS = {
     "imp_online_r8_fresh_cap": (
         None, ("--online-profile", "--catch-up", "--fresh", "auto", "--max-share", "0.16"), 8,
     ),
+    # low components send every step at density / 8 instead of holding for 8 steps (--low-mode thin):
+    # about the same bytes, and the optimizer steps every component every step
+    "imp_online_r8_thin": (None, ("--online-profile", "--low-mode", "thin"), 8),
 }
 PLAN_POLICIES = ("importance", "all_low", "random", "swapped")  # their own plans (the knee plan, controls)
 QUALITY = {"minilm": ("accuracy", +1), "gpt": ("loss", -1)}  # metric, +1 = higher is better

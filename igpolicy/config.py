@@ -14,16 +14,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from igpolicy.limits import MAX_RELEASE_PERIOD
-from igpolicy.vocab import ComponentKind
+from igpolicy.vocab import ComponentId, ComponentKind
 from igpolicy.wire import INDEX_WIDTHS, VALUE_WIDTHS
 
-__all__ = ["POLICIES", "PolicyConfig", "check_keys"]
+__all__ = ["LOW_MODES", "POLICIES", "PolicyConfig", "check_keys"]
 
 POLICIES = ("dense", "topk", "adtopk", "importance", "periodic")
 SPARSIFIERS = ("topk", "adtopk", "threshold", "randomk", "none")
 PACKINGS = ("ddp", "round_robin", "lpt", "kk")
 COLLECTIVES = ("auto", "sparse", "dense")
 NONFINITE = ("skip", "error")  # what a non-finite local gradient does
+LOW_MODES = ("hold", "thin")  # how low components send (PolicyConfig.low_mode)
 
 # removed key -> what replaced it (shown in the error)
 REMOVED_POLICY_KEYS: dict[str, str] = {
@@ -115,6 +116,14 @@ class PolicyConfig:
       statistics of the last ``online_window`` steps and switch to the plan profiled from them at
       the next step; before the first re-plan every component sends every step (or the given
       plan is followed). Policy ``importance`` only.
+    - ``low_mode``: how low components send (policy ``importance``). ``hold`` (the default): they
+      wait in their residuals and release on their staggered phase, every ``release_period`` steps.
+      ``thin``: they send on **every** step at density / ``release_period`` (``ceil(k / R)`` pairs of
+      their error-fed residual), so about the same bytes reach the wire as with ``hold`` but the
+      optimizer steps every component every step (Adam's pace is kept without ``catch_up``, which
+      then scales nothing). Important components send at the full density either way.
+    - ``density_per_component``: a density per component key that overrides ``density_per_kind``
+      (set by :func:`igpolicy.decide.step_config` for ``low_mode="thin"``; users may set it too).
     - ``max_share``: online re-plans cap their expected bytes per step at this share of every
       component sending every step (:func:`igpolicy.profile.build_plan`: the threshold raised, the
       lowest-scored important components made low, until the plan fits; 0: no cap). Needs online
@@ -125,6 +134,7 @@ class PolicyConfig:
     sparsifier: str = "topk"
     density: float = 0.01
     density_per_kind: Mapping[str, float] = field(default_factory=dict)
+    density_per_component: Mapping[str, float] = field(default_factory=dict)
     release_period: int = 4
     staggered: bool = True
     packing: str = "kk"
@@ -143,6 +153,7 @@ class PolicyConfig:
     online_window: int = 0
     replan_every: int = 0
     max_share: float = 0.0
+    low_mode: str = "hold"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -162,6 +173,15 @@ class PolicyConfig:
                 raise bad("density_per_kind", kind, f"is not a component kind ({', '.join(sorted(kinds))})")
             if not (0.0 < float(d) <= 1.0):
                 raise bad(f"density_per_kind[{kind}]", d, "must be in (0, 1]")
+        for comp, d in dict(self.density_per_component).items():
+            if not isinstance(comp, str) or not comp:
+                raise bad("density_per_component", comp, "must be keyed by component keys (strings)")
+            if not (0.0 < float(d) <= 1.0):
+                raise bad(f"density_per_component[{comp}]", d, "must be in (0, 1]")
+        if self.low_mode not in LOW_MODES:
+            raise bad("low_mode", self.low_mode, f"is not one of {', '.join(LOW_MODES)}")
+        if self.low_mode != "hold" and self.policy != "importance":
+            raise bad("low_mode", self.low_mode, f"is for policy 'importance', not {self.policy!r}")
         if int(self.release_period) < 1:
             raise bad("release_period", self.release_period, "must be >= 1")
         if self.release_period > MAX_RELEASE_PERIOD:
@@ -206,7 +226,7 @@ class PolicyConfig:
         def is_number(v: object) -> bool:
             return isinstance(v, (int, float)) and not isinstance(v, bool)
 
-        for key in ("policy", "sparsifier", "packing", "collective", "nonfinite"):
+        for key in ("policy", "sparsifier", "packing", "collective", "nonfinite", "low_mode"):
             if not isinstance(getattr(self, key), str):
                 raise bad(key, getattr(self, key), "must be a string")
         for key in (
@@ -233,6 +253,11 @@ class PolicyConfig:
         for kind, d in dict(self.density_per_kind).items():
             if not is_number(d):
                 raise bad(f"density_per_kind[{kind}]", d, "must be a number")
+        if not isinstance(self.density_per_component, Mapping):
+            raise bad("density_per_component", self.density_per_component, "must be a mapping of component -> density")
+        for comp, d in dict(self.density_per_component).items():
+            if not is_number(d):
+                raise bad(f"density_per_component[{comp}]", d, "must be a number")
 
     def _check_online(self, bad) -> None:
         """Online profiling: both keys >= 0, both set or neither, the importance policy only."""
@@ -266,6 +291,12 @@ class PolicyConfig:
             return 1.0
         return float(self.density_per_kind.get(kind, self.density))
 
+    def density_of(self, component: str) -> float:
+        """The sparsifier density of one component key: ``density_per_component``'s, else its kind's."""
+        if self.policy != "dense" and component in self.density_per_component:
+            return float(self.density_per_component[component])
+        return self.density_for(ComponentId.from_key(component).kind.value)
+
     @property
     def sparse(self) -> bool:
         return self.policy != "dense"
@@ -280,5 +311,6 @@ class PolicyConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["density_per_kind"] = dict(self.density_per_kind)
+        d["density_per_component"] = dict(self.density_per_component)
         d["fresh_patterns"] = list(self.fresh_patterns)
         return d

@@ -8,6 +8,7 @@ and are what the wire-byte counters measure.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ __all__ = [
     "nominal_k",
     "payload_blocks",
     "release_phases",
+    "step_config",
 ]
 
 
@@ -116,8 +118,27 @@ def _fresh_of(plan: SyncPlan) -> str:
     return " ".join(map(str, pats)) if isinstance(pats, list) and pats else "the patterns it was profiled with"
 
 
+def step_config(config: PolicyConfig, phases: Mapping[str, int | None]) -> PolicyConfig:
+    """The config the steps of a run are decided under, given its release ``phases``.
+
+    ``config`` itself unless ``low_mode`` is ``thin``: then every low component (a phase that is
+    not None) gets density / ``release_period`` in ``density_per_component`` (its own entry there,
+    else its kind's density, divided by R), so it sends ``ceil(density · numel / R)`` pairs every
+    step. :class:`igpolicy.planner.StepPlanner` holds this config; the runtime's selection and the
+    simulator's bytes both read k from its step plans.
+    """
+    if config.low_mode != "thin":
+        return config
+    R = config.release_period
+    dens = dict(config.density_per_component)
+    for key, phase in phases.items():
+        if phase is not None:
+            dens[key] = config.density_of(key) / R
+    return dataclasses.replace(config, density_per_component=dens)
+
+
 def _schedule(config: PolicyConfig, step: int):
-    if config.policy in ("dense", "topk", "adtopk") or step < config.warmup_steps:
+    if config.policy in ("dense", "topk", "adtopk") or step < config.warmup_steps or config.low_mode == "thin":
         return AlwaysSchedule()
     if config.policy == "periodic":
         return PeriodicSchedule(period=config.release_period)

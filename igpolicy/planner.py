@@ -8,6 +8,8 @@ step ``t`` equals that of ``t mod R`` (up to the step number): the planner decid
 stops being periodic), and reuses the packing afterwards (KK packing at 64 buckets costs ms).
 With a warm-up (``PolicyConfig.warmup_steps`` = W), steps ``t < W`` share one memo slot (every
 component sends) and the periodic slots start at step W (:meth:`StepPlanner.slot`).
+The planner decides under :func:`igpolicy.decide.step_config` of its config and phases (``config``;
+the one given is ``base_config``): with ``low_mode="thin"`` the low components' densities divided by R.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from igpolicy.config import PolicyConfig
-from igpolicy.decide import StepDecision, decide_step
+from igpolicy.decide import StepDecision, decide_step, step_config
 from igpolicy.step_plan import CollectiveOp, StepPlan, bucket_ops, build_step_plan
 from igpolicy.vocab import ParamInfo, PayloadBlock
 from igpolicy.wire import config_k
@@ -37,13 +39,15 @@ class StepPlanner:
         integration: str = "sync",
         blocks: Sequence[PayloadBlock] | None = None,
     ) -> None:
-        self.config, self.params, self.world_size = config, tuple(params), int(world_size)
+        self.base_config = config
+        self.config = step_config(config, phases)  # low components thinned with low_mode="thin"
+        self.params, self.world_size = tuple(params), int(world_size)
         self.phases, self.integration = dict(phases), integration
         self.blocks = None if blocks is None else tuple(blocks)
         self.period = int(config.release_period)
         self.warmup = int(config.warmup_steps)
         self.infos = {p.name: p for p in self.params}
-        self.k = {p.name: config_k(p, config) for p in self.params}
+        self.k = {p.name: config_k(p, self.config) for p in self.params}
         self._decisions: dict[int, StepDecision] = {}
         self._plans: dict[tuple, StepPlan] = {}
         self._bucket_ops: dict[tuple, tuple[CollectiveOp, ...]] = {}

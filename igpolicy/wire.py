@@ -87,7 +87,6 @@ __all__ = [
     "num_blocks",
     "pairs_layout",
     "pairs_of",
-    "param_k",
     "row_dim",
     "rows_layout",
 ]
@@ -126,24 +125,14 @@ def nominal_k(numel: int, density: float) -> int:
     return min(numel, max(1, math.ceil(density * numel - 1e-9)))
 
 
-def param_k(param: ParamInfo, *, sparse: bool, density_for, dense_small_numel: int = 0) -> int | None:
-    """Nominal k of one parameter (its kind's density), or None when every entry travels.
-
-    ``density_for`` maps a component kind ("attn_q", ...) to its density (``PolicyConfig.density_for``).
-    None for a dense policy, and for a parameter of at most ``dense_small_numel`` entries
-    (``PolicyConfig.dense_small_numel``: biases and norm weights send all their entries, as pairs
-    inside a sparse gather or as values inside a dense all-reduce).
-    """
-    if not sparse or (dense_small_numel > 0 and param.numel <= dense_small_numel):
-        return None
-    return nominal_k(param.numel, density_for(ComponentId.from_key(param.component).kind.value))
-
-
 def _base_k(param: ParamInfo, config) -> int | None:
-    return param_k(
-        param, sparse=config.sparse, density_for=config.density_for,
-        dense_small_numel=config.dense_small_numel,
-    )  # fmt: skip
+    """Nominal k of one parameter under ``config`` (its component's density,
+    ``PolicyConfig.density_of``), or None when every entry travels: a dense policy, or a parameter
+    of at most ``dense_small_numel`` entries (biases and norm weights send all their entries, as
+    pairs inside a sparse gather or as values inside a dense all-reduce)."""
+    if not config.sparse or (config.dense_small_numel > 0 and param.numel <= config.dense_small_numel):
+        return None
+    return nominal_k(param.numel, config.density_of(param.component))
 
 
 def row_dim(param: ParamInfo, config) -> int:
@@ -158,8 +147,8 @@ def row_dim(param: ParamInfo, config) -> int:
 
 
 def config_k(param: ParamInfo, config) -> int | None:
-    """:func:`param_k` under a :class:`igpolicy.config.PolicyConfig` (the one call every planner
-    makes); a row-sparse parameter (:func:`row_dim`) sends ``min(ceil(k / dim), vocab) · dim``."""
+    """Nominal k of ``param`` under a :class:`igpolicy.config.PolicyConfig` (the one call every
+    planner makes; None: every entry travels, see :func:`_base_k`); a row-sparse parameter (:func:`row_dim`) sends ``min(ceil(k / dim), vocab) · dim``."""
     k = _base_k(param, config)
     dim = row_dim(param, config)
     if k is None or dim == 0:

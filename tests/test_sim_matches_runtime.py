@@ -59,6 +59,9 @@ METHOD_CASES = [
     ("method-ddp-hook-importance-sparse", "ddp-hook", "importance", "sparse", METHOD),
     ("method-deepspeed-importance-sparse", "deepspeed", "importance", "sparse", METHOD),
     ("method-sync-topk-sparse", "sync", "topk", "sparse", {"dense_small_numel": 128}),
+    # low components thinned (every step at density / R) instead of held
+    ("thin-sync-importance-sparse", "sync", "importance", "sparse", {"low_mode": "thin"}),
+    ("thin-ddp-hook-importance-sparse", "ddp-hook", "importance", "sparse", {"low_mode": "thin"}),
 ]
 
 
@@ -128,7 +131,7 @@ def test_replay_matches_the_run_op_for_op(runs, integration, policy, collective)
 def test_replay_matches_the_run_with_the_method_options(runs, case):
     import csv
 
-    name, integration, policy, _, extra = case
+    name, integration, _, collective, extra = case
     rep = replay_run(runs / name)
     s = rep.summary
     assert s["integration"] == integration and s["steps"] == STEPS
@@ -136,13 +139,20 @@ def test_replay_matches_the_run_with_the_method_options(runs, case):
     assert s["ops_exact"], s["op_mismatch_steps"]
     with (runs / name / "ops.csv").open() as f:
         ops = list(csv.DictReader(f))
-    if policy == "importance":  # the warm-up sends every component: more than any later step
-        per_step = [sum(int(r["values_bytes"]) + int(r["dense_bytes"]) for r in ops
-                        if int(r["step"]) == t and r["rank"] == "0") for t in range(STEPS)]  # fmt: skip
+    per_step = [sum(int(r["values_bytes"]) + int(r["dense_bytes"]) for r in ops
+                    if int(r["step"]) == t and r["rank"] == "0") for t in range(STEPS)]  # fmt: skip
+    if "warmup_steps" in extra:  # the warm-up sends every component: more than any later step
         w = extra["warmup_steps"]
         assert min(per_step[:w]) > max(per_step[w:]), per_step
-    plan = json.loads((runs / name / "summary.json").read_text())["config"]
-    assert plan["dense_small_numel"] == 128
+    config = json.loads((runs / name / "summary.json").read_text())["config"]
+    assert {key: config[key] for key in extra} == {key: list(v) if isinstance(v, tuple) else v for key, v in extra.items()}
+    if extra.get("low_mode") == "thin":  # nothing is held: every step puts the same entries on the wire
+        assert len(set(per_step)) == 1, per_step
+        with (runs / f"{integration}-importance-{collective}" / "ops.csv").open() as f:  # the same run, held
+            held_ops = list(csv.DictReader(f))
+        held = [sum(int(r["values_bytes"]) + int(r["dense_bytes"]) for r in held_ops
+                    if int(r["step"]) == t and r["rank"] == "0") for t in range(STEPS)]  # fmt: skip
+        assert len(set(held)) > 1 and sum(per_step) < sum(held) * 1.5, (per_step, held)
 
 
 def test_the_suite_covers_both_kinds_of_collective(runs):

@@ -106,3 +106,29 @@ def test_a_bytes_capped_online_run_keeps_every_re_plan_under_its_cap_and_replays
     s = replay_run(out).summary
     assert s["bytes_exact"], s["byte_mismatches"][:5]
     assert s["ops_exact"], s["op_mismatch_steps"]
+
+
+def test_a_thinned_online_run_sends_every_component_every_step_and_replays_exactly(tmp_path):
+    """``--low-mode thin``: after each re-plan the low components send every step at density / R
+    (not held), so every step of one plan puts the same bytes on the wire, fewer than the start
+    plan's; the replay follows the re-plans and costs exactly those bytes."""
+    from igpolicy.plan import SyncPlan
+    from igrt.cli import main
+
+    out = tmp_path / "thin"
+    argv = [
+        "train", "--workload", "gpt", "--tiny", "--policy", "importance", "--online-profile",
+        "--online-window", "3", "--replan-every", "4", "--release-period", "4", "--steps", "10",
+        "--ranks", "2", "--backend", "gloo", "--batch-size", "4", "--no-eval", "--quiet", "--record-trace",
+        "--low-mode", "thin", "--out", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    plans = [json.loads(line) for line in (out / "plans.jsonl").read_text().splitlines()]
+    assert SyncPlan.from_json(plans[1]["plan"]).low, "the re-plan must make something low for this to mean anything"
+    rep = replay_run(out)
+    s = rep.summary
+    assert s["bytes_exact"], s["byte_mismatches"][:5]
+    assert s["ops_exact"], s["op_mismatch_steps"]
+    values = {r["step"]: r["measured_values_bytes"] for r in rep.rows}
+    assert values[4] < values[1]  # the low components now send k / R
+    assert values[4] == values[5] == values[6] == values[7]  # ... on every step, none held

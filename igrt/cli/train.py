@@ -32,7 +32,7 @@ from typing import Any
 
 from igpolicy.cli_outputs import claim_output_dir
 from igpolicy.cli_util import add_deprecated_alias, reading
-from igpolicy.config import PACKINGS, POLICIES, SPARSIFIERS, PolicyConfig
+from igpolicy.config import LOW_MODES, PACKINGS, POLICIES, SPARSIFIERS, PolicyConfig
 from igpolicy.limits import check_count
 from igpolicy.step_plan import INTEGRATIONS
 from igpolicy.wire import INDEX_WIDTHS, VALUE_WIDTHS
@@ -152,6 +152,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="online re-plans: cap each plan's expected bytes per step at S x every component every step "
         "(the lowest-scored important components made low until it fits; e.g. 0.18)",
     )
+    p.add_argument(
+        "--low-mode",
+        choices=LOW_MODES,
+        default=None,
+        help="policy importance: low components 'hold' in their residuals and release every R steps "
+        "(default), or 'thin': send every step at density / R (the optimizer steps every component every step)",
+    )
     p.add_argument("--tiny", action="store_true", help="tiny random-init model (tests, smoke runs)")
     p.add_argument("--seed", type=int, default=0, help="model, data and sparsifier seed (default 0)")
     p.add_argument(
@@ -235,6 +242,7 @@ def policy_config(args: argparse.Namespace) -> PolicyConfig:
         ("value_bytes", args.value_bytes),
         ("row_sparse_embeddings", args.row_sparse_embeddings),
         ("max_share", args.max_share),
+        ("low_mode", args.low_mode),
     ):
         if value is not None:
             data[key] = value

@@ -120,9 +120,7 @@ class SyncState:
         self.sparsifier = sparsifier if sparsifier is not None else default_sparsifier(config)
         self.index_dtype, self.value_dtype = wire_dtypes(config)
         self.residuals = ResidualState(track_sums=track_sums)
-        self.planner = StepPlanner(
-            config=config, params=infos, world_size=self.world_size, phases=self.phases, blocks=self.blocks
-        )
+        self.planner = StepPlanner(config=config, params=infos, world_size=self.world_size, phases=self.phases)
         self.executor = Executor(self)
         self.keep_op_log = False  # set True to keep every executed op (replays, agreement tests)
         self.op_log: list[OpRecord] = []  # this rank's executed ops, in order, when keep_op_log
@@ -154,10 +152,7 @@ class SyncState:
         residuals, the step counter and catch-up's last steps are untouched, so nothing held is lost."""
         keys = [i.component for i in self.infos]
         self.phases = release_phases(plan=plan, config=self.config, component_keys=keys)
-        self.planner = StepPlanner(
-            config=self.config, params=self.infos, world_size=self.world_size, phases=self.phases,
-            blocks=self.blocks,
-        )  # fmt: skip
+        self.planner = StepPlanner(config=self.config, params=self.infos, world_size=self.world_size, phases=self.phases)
         self.plan = plan
 
     # ------------------------------------------------------------------ start-up

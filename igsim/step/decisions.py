@@ -127,6 +127,7 @@ class PlanSource:
             config=config, params=self.params, world_size=world_size, phases=phases, integration=integration
         )
         self.integration = integration
+        self.k_matrix: np.ndarray | None = None  # the run's k under this plan (set by the engine)
         self.index_of = {p.name: i for i, p in enumerate(self.params)}
         self.low_mask = np.array([phases[p.component] is not None for p in self.params], dtype=bool)
         self.assignments: tuple | None = None

@@ -207,6 +207,11 @@ class _Run:
             ))
             for start, pl in schedule
         ]  # fmt: skip
+        for _, src in self.sources:  # low_mode "thin": each plan's low components send k / R every step
+            src.k_matrix = (
+                self.k_matrix if src.planner.config is config
+                else _k_matrix(workload, src.planner.config, world_size=p, params=params)[0]
+            )  # fmt: skip
         self.replans = None
         if plan_schedule is not None:
             from igpolicy.online import OnlineSchedule, replan_op_bytes
@@ -238,7 +243,8 @@ class _Run:
     def step(self, t: int) -> None:
         w, cfg = self.workload, self.config
         rec = w.recorded_index(t)
-        lay = self._source_at(t).layout(t)
+        src = self._source_at(t)
+        lay = src.layout(t)
         self.sent.append(lay.plan.sending_params)
         f, b, o = w.forward_s[rec], w.backward_s[rec], w.optimizer_s[rec]
         ready = w.ready_since_backward(rec) if self.integration == "ddp-hook" else np.full(len(w.params), b)
@@ -265,7 +271,7 @@ class _Run:
                     lay.op_gate_s(fw[r] + scale[r] * ready + local[r], fw[r] + bw[r] + local[r]) for r in range(len(fw))
                 ])  # fmt: skip
             gate = rank_gates.max(axis=0) if len(lay.ops) else np.zeros(0)
-        k = self.k_matrix[rec]  # [P] or [R, P]
+        k = src.k_matrix[rec]  # [P] or [R, P]
         k_rows = k if k.ndim == 2 else k[None, :]
         stream = self._stream(lay, gate, lay.op_k(k_rows), t)
         if self.replans is not None and self.replans.replans_after(t):
@@ -469,6 +475,7 @@ def _k_matrix(workload: Workload, config: PolicyConfig, *, world_size: int, para
         and config.sparse
         and workload.k_density is not None
         and not config.density_per_kind
+        and not config.density_per_component
         and math.isclose(workload.k_density, config.density, rel_tol=1e-9)
     ):
         return _whole(workload.k, workload, config, params), "trace"

@@ -1,14 +1,17 @@
 """Issue 15's method parts in igpolicy: fresh components, small vectors sent whole, the
-size-unbiased score, the warm-up, and the plan's policy defaults (catch-up for new plans)."""
+size-unbiased score, the warm-up, the plan's policy defaults (catch-up for new plans) and
+low components thinned instead of held (``low_mode="thin"``)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
 
 from igpolicy.components import FRESH_AUTO, fresh_names, mark_fresh, param_infos
 from igpolicy.config import PolicyConfig
-from igpolicy.decide import decide_step, payload_blocks, release_phases
+from igpolicy.decide import decide_step, payload_blocks, release_phases, step_config
 from igpolicy.importance import (
     ComponentStats,
     ImportanceConfig,
@@ -256,3 +259,59 @@ def test_a_bad_recorded_default_is_a_clear_error():
     )
     with pytest.raises(ValueError, match="catch_upp"):
         apply_policy_defaults(PolicyConfig(policy="importance"), plan)
+
+
+# --------------------------------------------------------------------------- (f) low_mode "thin"
+def _thin_setup(low_mode: str, R: int = 4):
+    infos = param_infos(BERT)
+    keys = sorted({i.component for i in infos})
+    low = {k for k in keys if k != "embedding"}
+    comps = [
+        ComponentPlan(key=k, score=0.1, cls=ComponentClass.LOW, phase=j % R, expected_bytes=8) if k in low
+        else ComponentPlan(key=k, score=1.0, cls=ComponentClass.IMPORTANT)
+        for j, k in enumerate(keys)
+    ]  # fmt: skip
+    plan = SyncPlan(release_period=R, components=tuple(comps))
+    config = PolicyConfig(policy="importance", density=0.1, release_period=R, low_mode=low_mode)
+    phases = release_phases(plan=plan, config=config, component_keys=keys)
+    return infos, config, phases, low
+
+
+def test_thin_low_components_send_every_step_at_density_over_r():
+    R = 4
+    infos, config, phases, low = _thin_setup("thin", R)
+    planner = StepPlanner(config=config, params=infos, world_size=2, phases=phases)
+    assert planner.base_config is config and planner.config.low_mode == "thin"
+    assert step_config(config, phases) == planner.config
+    everything = frozenset(i.name for i in infos)
+    for t in range(2 * R):
+        d = planner.decision(t)
+        assert d.sending_params == everything  # nothing is held
+        k_of = {n: k for op in planner.plan(t).ops if op.kind != OpKind.COUNT_EXCHANGE
+                for n, k in zip(op.param_names, op.param_k)}  # fmt: skip
+        for i in infos:
+            want = nominal_k(i.numel, 0.1 / R if i.component in low else 0.1)
+            assert k_of[i.name] == want == config_k(i, planner.config), (t, i.name)
+    # about the bytes of holding: per R steps, thin sends ceil(k / R) x R pairs where hold sends k
+    held = StepPlanner(config=dataclasses.replace(config, low_mode="hold"), params=infos, world_size=2,
+                       phases=phases)  # fmt: skip
+    thin_pairs = sum(b.nominal_nnz for t in range(R) for b in planner.decision(t).buckets)
+    hold_pairs = sum(b.nominal_nnz for t in range(R) for b in held.decision(t).buckets)
+    assert hold_pairs <= thin_pairs <= hold_pairs + R * len(infos)
+    assert {frozenset(held.decision(t).sending_params) for t in range(R)} != {everything}
+
+
+def test_hold_keeps_the_config_and_thin_is_validated():
+    _, config, phases, _ = _thin_setup("hold")
+    assert step_config(config, phases) is config
+    with pytest.raises(ValueError, match="low_mode"):
+        PolicyConfig(policy="importance", low_mode="drip")
+    with pytest.raises(ValueError, match=r"low_mode.*'importance'"):
+        PolicyConfig(policy="topk", low_mode="thin")
+    with pytest.raises(ValueError, match=r"density_per_component\[0\.mlp_up\]"):
+        PolicyConfig(density_per_component={"0.mlp_up": 0.0})
+    with pytest.raises(ValueError, match="density_per_component"):
+        PolicyConfig(density_per_component={"0.mlp_up": "a lot"})
+    cfg = PolicyConfig(policy="importance", low_mode="thin", density_per_component={"0.mlp_up": 0.002})
+    assert PolicyConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.density_of("0.mlp_up") == 0.002 and cfg.density_of("0.attn_q") == cfg.density
