@@ -11,7 +11,7 @@ from typing import Any
 from igpolicy.choice import crossover_density
 from igpolicy.cli_outputs import check_output_file
 from igpolicy.cli_util import reading
-from igpolicy.config import PACKINGS, POLICIES, SPARSIFIERS, PolicyConfig
+from igpolicy.config import LOW_MODES, PACKINGS, POLICIES, SPARSIFIERS, PolicyConfig
 from igpolicy.limits import check_count
 from igpolicy.plan import SyncPlan, compare_plans
 from igpolicy.units import format_bytes, parse_bandwidth, parse_size, parse_time
@@ -146,6 +146,11 @@ def add_policy_arguments(p: argparse.ArgumentParser, *, policy: bool = True) -> 
         "--row-sparse-embeddings", action="store_true",
         help="the 2-D token embedding sends ceil(k / dim) whole rows as (row id, row) (igrt train's flag)",
     )
+    p.add_argument(
+        "--low-mode", default="hold", choices=LOW_MODES,
+        help="policy importance: low components 'hold' and release every R steps (default), or 'thin': "
+        "send every step at density / R (igrt train's flag; other policies ignore it)",
+    )
 
 
 def make_config(
@@ -173,6 +178,7 @@ def make_config(
         value_bytes=args.value_bytes,
         index_bytes=getattr(args, "index_bytes", 4),
         row_sparse_embeddings=bool(getattr(args, "row_sparse_embeddings", False)),
+        low_mode=getattr(args, "low_mode", "hold") if policy == "importance" else "hold",
         seed=getattr(args, "seed", 0),
     )
 

@@ -479,7 +479,7 @@ def _k_matrix(workload: Workload, config: PolicyConfig, *, world_size: int, para
         and math.isclose(workload.k_density, config.density, rel_tol=1e-9)
     ):
         return _whole(workload.k, workload, config, params), "trace"
-    nominal = np.array(  # the wire's own rule: k of the kind's density, every entry when whole
+    nominal = np.array(  # the wire's own rule: k of the component's density, every entry when whole
         [pairs_of(p, config) if config.sparse else nominal_k(int(n), config.density_for(_kind(p)))
          for n, p in zip(numel, params)]
     )  # fmt: skip

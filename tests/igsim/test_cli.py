@@ -77,6 +77,26 @@ def test_simulate_writes_outputs(trace_dir: Path, plan_path: Path, tmp_path: Pat
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
 
 
+def test_simulate_costs_thinned_low_components(trace_dir: Path, plan_path: Path, tmp_path: Path, capsys) -> None:
+    """``--low-mode thin``: every step sends every component (low ones at density / R), so the
+    bytes per step are flat where holding's vary with the release phase, and about the same in total."""
+    rows = {}
+    for mode in ("hold", "thin"):
+        out = tmp_path / f"{mode}.json"
+        args = ["simulate", "--trace", str(trace_dir), "--plan", str(plan_path), "--policy", "importance",
+                "--release-period", "3", "--ranks", "4", "--steps", "6", "--collective", "sparse",
+                "--low-mode", mode, "--json", str(out)]  # fmt: skip
+        assert main(args) == 0
+        rows[mode] = json.loads(out.read_text())["rows"]
+    capsys.readouterr()
+    sent = {m: [r["values_bytes"] for r in rs] for m, rs in rows.items()}
+    components = {m: {r["num_sending_components"] for r in rs} for m, rs in rows.items()}
+    assert len(set(sent["thin"])) == 1 and len(components["thin"]) == 1
+    assert len(components["hold"]) > 1 and max(components["hold"]) <= min(components["thin"])
+    assert sum(sent["hold"]) <= sum(sent["thin"]) <= 1.5 * sum(sent["hold"]), sent
+    assert main(["simulate", "--trace", str(trace_dir), "--policy", "topk", "--steps", "2", "--low-mode", "thin"]) == 0
+
+
 def test_simulate_user_errors(trace_dir: Path, capsys) -> None:
     base = ["simulate", "--trace", str(trace_dir), "--steps", "2"]
     assert main([*base, "--policy", "dense", "--bandwidth", "100 Gbs"]) == 2
