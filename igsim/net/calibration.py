@@ -44,11 +44,19 @@ from typing import Any
 from igpolicy.config import check_keys
 from igpolicy.units import parse_bandwidth, parse_time
 
-__all__ = ["TESTBED_DEFAULT", "Calibration", "LinkCalibration"]
+__all__ = ["TESTBED_DEFAULT", "TESTBED_DEFAULTS", "Calibration", "LinkCalibration"]
 
-# The calibration of the namespace testbed (igrt testbed: 100 Mbit/s rank links, tbf shapers),
-# refit with ``igsim calibrate`` on a fresh ``igrt validate`` run; its source says which.
-TESTBED_DEFAULT = Path(__file__).resolve().parent.parent / "data" / "testbed_calibration.json"
+_DATA = Path(__file__).resolve().parent.parent / "data"
+# The calibrations of the namespace testbed (igrt testbed: 100 Mbit/s rank links, tbf shapers), one
+# per topology (igrt validate's --suite testbeds), each ``igsim calibrate`` of one ``igrt validate``
+# run of that topology; its source says which. The star's is the default of every other topology.
+TESTBED_DEFAULT = _DATA / "testbed_calibration.json"
+TESTBED_DEFAULTS = {
+    "star": TESTBED_DEFAULT,
+    "two-level": _DATA / "testbed_calibration-two-level.json",
+    "hetero": _DATA / "testbed_calibration-hetero.json",
+    "ring": _DATA / "testbed_calibration-ring.json",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,9 +208,12 @@ class Calibration:
         return cls.from_dict(data, where=f"calibration file {path}")
 
     @classmethod
-    def testbed_default(cls) -> Calibration:
-        """The shipped calibration of the namespace testbed (:data:`TESTBED_DEFAULT`)."""
-        return cls.load(TESTBED_DEFAULT)
+    def testbed_default(cls, testbed: str = "star") -> Calibration:
+        """The shipped calibration of one topology of the namespace testbed (:data:`TESTBED_DEFAULTS`:
+        star, two-level, hetero, ring; ``igsim.studies.validation.testbed_kind`` names a measurement's)."""
+        if testbed not in TESTBED_DEFAULTS:
+            raise ValueError(f"no shipped calibration for testbed {testbed!r} (known: {', '.join(TESTBED_DEFAULTS)})")
+        return cls.load(TESTBED_DEFAULTS[testbed])
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")

@@ -64,6 +64,7 @@ __all__ = [
     "load_measurements",
     "measurement_path",
     "predict_case",
+    "testbed_kind",
     "testbed_topology",
 ]
 
@@ -109,6 +110,16 @@ class TestbedDescription:
             return cls(**{k: v for k, v in data.items() if k in known})
         except TypeError as e:
             raise ValueError(f"{where}: testbed: {e}") from None
+
+
+def testbed_kind(tb: TestbedDescription) -> str:
+    """The topology's name among igrt validate's --suite testbeds: ring, two-level, hetero (one slow
+    NIC) or star."""
+    if tb.ring:
+        return "ring"
+    if tb.two_level:
+        return "two-level"
+    return "hetero" if tb.slow_rank is not None else "star"
 
 
 def testbed_topology(tb: TestbedDescription) -> Topology:
