@@ -251,6 +251,29 @@ def rewrite_steps() -> int:
     return 0
 
 
+def shipped_table(runs: Path, rounds: tuple[str, ...]) -> str:
+    """Each topology's shipped calibration (``Calibration.testbed_default(kind)``) on the runs of ``rounds``."""
+    from igsim.net.calibration import Calibration
+
+    lines = [
+        "| predicted run | load | shipped calibration (its run) | collectives ≥ 256 KiB: mean / worst | dense ≥ 256 KiB | worst case |",
+        "|---|---|---|---:|---:|---|",
+    ]  # fmt: skip
+    for t in TESTBEDS:
+        cal = Calibration.testbed_default(t)
+        source = cal.source.split("runs/", 1)[-1].split("/", 1)[0]
+        for rnd in rounds:
+            b = runs / f"{rnd}-{t}-q10"
+            if not (b / "measurements.json").exists():
+                continue
+            tb, cases, raw, topo = _load(b)
+            rep = v.build_report(cases, topo, v.Fit.from_calibration(cal), burst_s=tb.burst_s,
+                                 roles=(v.CALIBRATION, v.VALIDATION))  # fmt: skip
+            lines.append(f"| {rnd}-{t} ({raw['date'][:16]}) | {_load_avg(raw)} | {source} | {_cell(rep)} | "
+                         f"{_cell(rep, 'dense_large')} | {rep['collectives_large']['worst_case']} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--rewrite-steps"]:
         return rewrite_steps()
@@ -268,6 +291,11 @@ def main(argv: list[str]) -> int:
     print("\n## transfer on a quiet machine (fit on QA, predict QB; fit on QC, predict QD)\n")
     print(transfer_table(runs, rounds=("QA", "QB")))
     print(transfer_table(runs, rounds=("QC", "QD")).split("\n", 2)[2])
+    print("\n## a later day (fit on QA, predict QE and QF; fit on QE, predict QF)\n")
+    print(transfer_table(runs, rounds=("QA", "QE", "QF")))
+    print("\n".join(transfer_table(runs, rounds=("QE", "QF")).splitlines()[2:]))
+    print("\n## each topology's shipped calibration on the quiet rounds\n")
+    print(shipped_table(runs, ("QB", "QD", "QE", "QF")))
     print("\n## transfer, reps interleaved (fit on Ai, predict Bi and Ci)\n")
     print(transfer_table(runs, rounds=("Ai", "Bi", "Ci")))
     print("\n## the star's calibration (the shipped default) on every testbed\n")

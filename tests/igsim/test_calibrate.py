@@ -135,23 +135,31 @@ QUIET_WORST_MISSES = {
 }
 
 
+# The same on a fresh machine two days later (2026-12-04, rounds QE and QF of one igrt validate
+# --suite, load average 0.4-1.3): QE's fit predicts QF. The two-level round now has the calibration
+# broadcast (so a fitted share) and meets; the slow NIC's all-gather 256 KiB misses again.
+QUIET_PAIRS = (("QA", "QB"), ("QE", "QF"))
+FRESH_WORST_MISSES = {"hetero": "all_gather 256 KiB through the slow NIC -14.1 % (QE's own fit: -10.8 %)"}
+
+
+@pytest.mark.parametrize("pair", QUIET_PAIRS)
 @pytest.mark.parametrize("testbed", TESTBEDS)
-def test_on_a_quiet_machine_a_fit_predicts_a_later_run_mean_within_target(testbed):
-    rep = _report(RUNS / f"QA-{testbed}-q{QUEUE_MS}", RUNS / f"QB-{testbed}-q{QUEUE_MS}")
+def test_on_a_quiet_machine_a_fit_predicts_a_later_run_mean_within_target(testbed, pair):
+    rep = _report(RUNS / f"{pair[0]}-{testbed}-q{QUEUE_MS}", RUNS / f"{pair[1]}-{testbed}-q{QUEUE_MS}")
     assert rep["collectives_large"]["num_cases"] >= 10
     assert rep["collectives_large"]["meets_mean"], rep["collectives_large"]
 
 
 @pytest.mark.parametrize(
-    "testbed",
+    ("testbed", "pair"),
     [
-        pytest.param(t, marks=pytest.mark.xfail(strict=True, reason=QUIET_WORST_MISSES[t])) if t in QUIET_WORST_MISSES
-        else t
+        pytest.param(t, pair, marks=pytest.mark.xfail(strict=True, reason=misses[t])) if t in misses else (t, pair)
+        for pair, misses in zip(QUIET_PAIRS, (QUIET_WORST_MISSES, FRESH_WORST_MISSES))
         for t in TESTBEDS
     ],
 )  # fmt: skip
-def test_on_a_quiet_machine_a_fit_predicts_a_later_run_worst_within_target(testbed):
-    rep = _report(RUNS / f"QA-{testbed}-q{QUEUE_MS}", RUNS / f"QB-{testbed}-q{QUEUE_MS}")
+def test_on_a_quiet_machine_a_fit_predicts_a_later_run_worst_within_target(testbed, pair):
+    rep = _report(RUNS / f"{pair[0]}-{testbed}-q{QUEUE_MS}", RUNS / f"{pair[1]}-{testbed}-q{QUEUE_MS}")
     assert rep["collectives_large"]["meets_worst"], rep["collectives_large"]
 
 
@@ -222,19 +230,44 @@ def test_each_topology_ships_the_fit_of_its_named_run(testbed):
         Calibration.testbed_default("mesh")
 
 
-@pytest.mark.parametrize(
-    ("run", "testbed"),
-    [("QB", "star"), ("QB", "two-level"), ("QB", "ring"),
-     pytest.param("QB", "hetero", marks=pytest.mark.xfail(strict=True, reason=QUIET_WORST_MISSES["hetero"]))],
-)  # fmt: skip
-def test_validate_report_default_predicts_with_the_measured_topologys_calibration(run, testbed, capsys):
-    """``--calibration default`` reads the testbed from the measurement file. QB-two-level was
-    measured a day before the two-level default's run (QC): out of sample across days."""
+# Each shipped calibration on the quiet rounds; QE and QF were measured after the files were chosen
+# and committed (2026-12-04, two days after the fits; one day for the two-level QC fit), so they are
+# out of sample. Worst cases missed there, with the measured numbers:
+SHIPPED_WORST_MISSES = {
+    ("QB", "hetero"): QUIET_WORST_MISSES["hetero"],
+    ("QF", "two-level"): "reduce_scatter 256 KiB +10.1 % with QC's fit (missed by 0.1 point)",
+    ("QE", "hetero"): "all_reduce 2 MiB -12.0 % with QA's fit (its reps spread 26 %; all_gather 256 KiB -10.0 %)",
+    ("QF", "hetero"): "all_gather 256 KiB through the slow NIC -13.3 % with QA's fit",
+}
+SHIPPED_RUNS = [(r, t) for t in TESTBEDS for r in ("QB", "QD", "QE", "QF")
+                if (RUNS / f"{r}-{t}-q{QUEUE_MS}" / "measurements.json").exists()]  # fmt: skip
+
+
+def _shipped_report(run: str, testbed: str, capsys) -> dict:
+    """``igsim validate-report --calibration default``: the testbed is read from the measurement file."""
     rc = igsim_main(["validate-report", str(RUNS / f"{run}-{testbed}-q{QUEUE_MS}" / "measurements.json"),
                      "--calibration", "default", "--json"])  # fmt: skip
     assert rc == 0
     rep = json.loads(capsys.readouterr().out)
-    assert Calibration.testbed_default(testbed).source.startswith("igsim calibrate")
-    d = rep["collectives_large"]
-    assert d["num_cases"] >= 16 and d["meets_mean"], d
+    assert rep["collectives_large"]["num_cases"] >= 16
+    return rep["collectives_large"]
+
+
+@pytest.mark.parametrize(("run", "testbed"), SHIPPED_RUNS)
+def test_each_shipped_calibration_predicts_the_quiet_rounds_mean_within_target(run, testbed, capsys):
+    assert len(SHIPPED_RUNS) >= 13
+    d = _shipped_report(run, testbed, capsys)
+    assert d["meets_mean"], d
+
+
+@pytest.mark.parametrize(
+    ("run", "testbed"),
+    [
+        pytest.param(r, t, marks=pytest.mark.xfail(strict=True, reason=SHIPPED_WORST_MISSES[(r, t)]))
+        if (r, t) in SHIPPED_WORST_MISSES else (r, t)
+        for r, t in SHIPPED_RUNS
+    ],
+)  # fmt: skip
+def test_each_shipped_calibration_predicts_the_quiet_rounds_worst_within_target(run, testbed, capsys):
+    d = _shipped_report(run, testbed, capsys)
     assert d["meets_worst"], d
