@@ -49,7 +49,7 @@ __all__ = ["TESTBED_DEFAULT", "TESTBED_DEFAULTS", "Calibration", "LinkCalibratio
 _DATA = Path(__file__).resolve().parent.parent / "data"
 # The calibrations of the namespace testbed (igrt testbed: 100 Mbit/s rank links, tbf shapers), one
 # per topology (igrt validate's --suite testbeds), each ``igsim calibrate`` of one ``igrt validate``
-# run of that topology; its source says which. The star's is the default of every other topology.
+# run of that topology; its source says which. The star's is the one taken when none is named.
 TESTBED_DEFAULT = _DATA / "testbed_calibration.json"
 TESTBED_DEFAULTS = {
     "star": TESTBED_DEFAULT,
