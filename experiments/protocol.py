@@ -155,6 +155,15 @@ QUALITY = {"minilm": ("accuracy", +1), "gpt": ("loss", -1)}  # metric, +1 = high
 LR_GRID = {"minilm": (1e-4, 3e-4, 5e-5), "gpt": (3e-4, 1e-3, 1e-4)}
 FULL_STEPS = {"minilm": 300, "gpt": 300}
 QUICK = {"steps": 6, "lrs": (1e-3,), "seeds": 1, "eval_every": 3}
+# payload encodings (``--wire``; issue 15, item 3): the igrt train flags of every run but PowerSGD's
+# (PyTorch's hook sends its own fp32 factors). Every method of one study travels in the same encoding,
+# so each byte ratio compares like with like; the rounding error of bf16 / int8 values stays in the
+# residual (igrt.sync.residuals), and bucket-local 16-bit indices are exact.
+WIRES = {
+    "fp32": (),
+    "compact": ("--value-bytes", "2", "--index-bytes", "2"),  # bf16 values, 16-bit indices: 4 B a pair
+    "int8": ("--value-bytes", "1", "--index-bytes", "2"),  # int8 values + one scale, 16-bit indices: 3 B
+}
 SUMMARY_NAME, MARK_NAME = "summary.json", "protocol_run.json"
 # what the tables need of a finished run: kept in ``--out/run-records`` (small enough to commit) so a
 # study survives the loss of its ``--runs`` cache (checkpoints, logs) and resumes from a fresh checkout
@@ -252,15 +261,20 @@ class Run:
     plan_path: str | None = None
     plan_id: str | None = None  # common.plan_decision_id: what the plan decides
     extra: str = ""  # a VARIANTS run's extra igrt train flags, space-separated
+    wire: str = "fp32"  # the payload encoding, a key of WIRES
 
     @property
     def name(self) -> str:
-        return f"{self.tag}-lr{self.lr:g}-s{self.seed}"
+        suffix = "" if self.wire == "fp32" else f"-{self.wire}"
+        return f"{self.tag}-lr{self.lr:g}-s{self.seed}{suffix}"
 
     def settings(self) -> dict[str, Any]:
-        """What identifies the run (the plan by what it decides, not by path or fingerprint)."""
+        """What identifies the run (the plan by what it decides, not by path or fingerprint; the
+        default fp32 wire is left out, so records made before ``--wire`` existed still match)."""
         d = dataclasses.asdict(self)
         d.pop("plan_path")
+        if d["wire"] == "fp32":
+            d.pop("wire")
         return d
 
     def command(self, folder: Path) -> list[str]:
@@ -284,6 +298,7 @@ class Run:
         if self.plan_path:
             cmd += ["--plan", self.plan_path]
         cmd += self.extra.split()
+        cmd += WIRES[self.wire]
         return cmd + (["--tiny"] if self.tiny else [])
 
 
@@ -561,6 +576,7 @@ def _run(settings, tag: str, *, lr: float, seed: int, plans, paths) -> Run:
         plan_path=str(paths[plan_tag]) if plan is not None else None,
         plan_id=common.plan_decision_id(plan) if plan is not None else None,
         extra=" ".join(x.format(warmup=settings["warmup_steps"]) for x in extra),
+        wire="fp32" if tag.startswith("powersgd") else settings["wire"],
     )  # fmt: skip
 
 
@@ -759,6 +775,7 @@ def run(study: Study) -> dict[str, Any]:
         "batch_size": a.batch_size,
         "density": a.density,
         "release_period": a.release_period,
+        "wire": a.wire,
     }
     unknown = [p for p in settings["policies"] if p not in POLICIES]
     if unknown:
@@ -772,7 +789,8 @@ def run(study: Study) -> dict[str, Any]:
     )
     runs_dir.mkdir(parents=True, exist_ok=True)
     study.log(f"{wl}: {steps} steps, warm-up {settings['warmup_steps']} + cosine, LR grid {settings['lrs']}, "
-              f"{settings['seeds']} seed(s), methods {','.join(settings['policies'])}; runs in {runs_dir}")  # fmt: skip
+              f"{settings['seeds']} seed(s), methods {','.join(settings['policies'])}, wire {a.wire} "
+              f"({' '.join(WIRES[a.wire]) or 'fp32 values, int32 indices'}); runs in {runs_dir}")  # fmt: skip
     (study.out / "plans").mkdir(exist_ok=True)
     plans, paths, recording = plan_for(study, wl, tiny=quick, nproc=a.nproc, density=a.density,
                                        release_period=a.release_period)  # fmt: skip
@@ -964,6 +982,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--density", type=float, default=0.01, help="Top-k density (default 0.01)")
     parser.add_argument("--release-period", type=int, default=4, help="R of the plans (default 4)")
     parser.add_argument("--batch-size", type=int, default=16, help="examples per rank per step (default 16)")
+    parser.add_argument(
+        "--wire",
+        choices=tuple(WIRES),
+        default="fp32",
+        help="payload encoding of every method but PowerSGD: fp32 (default), compact (bf16 values, "
+        "bucket-local 16-bit indices), int8 (int8 values with one scale, 16-bit indices)",
+    )
     parser.add_argument(
         "--budget-min", type=float, default=None, help="start no new run after this many minutes"
     )
