@@ -576,7 +576,7 @@ def _run(settings, tag: str, *, lr: float, seed: int, plans, paths) -> Run:
         plan_path=str(paths[plan_tag]) if plan is not None else None,
         plan_id=common.plan_decision_id(plan) if plan is not None else None,
         extra=" ".join(x.format(warmup=settings["warmup_steps"]) for x in extra),
-        wire="fp32" if tag.startswith("powersgd") else settings["wire"],
+        wire="fp32" if tag.startswith("powersgd") else settings.get("wire", "fp32"),
     )  # fmt: skip
 
 

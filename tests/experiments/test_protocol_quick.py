@@ -285,3 +285,24 @@ def test_every_run_records_the_training_code_version_which_is_not_its_cache_key(
     assert code_version.__wrapped__(tmp_path) == before
     (tmp_path / "igrt" / "a.py").write_text("x = 2\n")
     assert code_version.__wrapped__(tmp_path) != before
+
+
+def test_a_wire_encodes_every_method_but_powersgd_and_keeps_its_own_runs(tmp_path: Path) -> None:
+    from experiments.protocol import WIRES, _run
+
+    plans, paths = {"importance": _plan()}, {"importance": tmp_path / "importance.json"}
+    settings = {"workload": "gpt", "tiny": True, "steps": 20, "warmup_steps": 2, "eval_every": 5, "nproc": 2,
+                "batch_size": 4, "density": 0.01, "release_period": 2}  # fmt: skip
+    plain = {t: _run(settings, t, lr=1e-3, seed=0, plans=plans, paths=paths) for t in ("topk", "imp_online_r8_thin")}
+    assert all("wire" not in r.settings() for r in plain.values())  # fp32 records of earlier sessions match
+    assert plain["topk"].name == "topk-lr0.001-s0"
+    for wire in ("compact", "int8"):
+        for tag, base in plain.items():
+            run = _run({**settings, "wire": wire}, tag, lr=1e-3, seed=0, plans=plans, paths=paths)
+            assert run.name == f"{base.name}-{wire}" and run.settings()["wire"] == wire
+            cmd = run.command(tmp_path)
+            i = cmd.index("--value-bytes")
+            assert cmd[i : i + 4] == list(WIRES[wire]) and cmd[:i] == base.command(tmp_path)[:i]
+    psgd = _run({**settings, "wire": "compact"}, "powersgd1", lr=1e-3, seed=0, plans=plans, paths=paths)
+    assert psgd.wire == "fp32" and psgd.name == "powersgd1-lr0.001-s0"  # PyTorch's hook: its own encoding
+    assert WIRES["compact"] == ("--value-bytes", "2", "--index-bytes", "2")
