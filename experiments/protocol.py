@@ -33,7 +33,8 @@ run), ``imp_online_r8`` (the same at release period 8), ``imp_online_r8_fresh`` 
 initialised task head, ``--fresh auto``, its own component sent every step),
 ``imp_online_r8_fresh_cap`` (and every re-plan capped at 0.16 x Top-k's bytes, ``--max-share``),
 ``imp_online_r8_thin`` (online R = 8 with ``--low-mode thin``: low components send every step at
-density / 8 instead of holding for 8 steps).
+density / 8 instead of holding for 8 steps), ``imp_online_r8_thin_w10`` (the same, its first plan
+at step 10 and a re-plan every 10 steps on 10-step windows: a shorter all-send start).
 
 **Cached and resumable.** Every run is one subprocess (``igrt train``, or ``python -m
 experiments.protocol --powersgd-run DIR`` for PowerSGD) writing into its own folder under
@@ -100,6 +101,7 @@ POLICIES = (
     "topk_fresh_equal",
     "imp_online_r8_fresh_cap",
     "imp_online_r8_thin",
+    "imp_online_r8_thin_w10",
 )
 QUICK_POLICIES = ("topk", "importance")
 LABELS = {
@@ -122,6 +124,7 @@ LABELS = {
     "topk_fresh_equal": "Top-k+EF thinned to 0.457 x bytes",
     "imp_online_r8_fresh_cap": "importance, online R = 8, fresh head sent, plans capped at 0.16 x bytes",
     "imp_online_r8_thin": "importance, online R = 8, low components thinned (every step at density / 8)",
+    "imp_online_r8_thin_w10": "importance, online R = 8, thinned, re-planned every 10 steps on 10-step windows",
 }
 # Top-k+EF thinned to a share of its bytes: the knee plan's expected share (None: derived from the
 # plan) or a fixed one (the bytes target's 0.25 x)
@@ -148,6 +151,12 @@ VARIANTS = {
     # low components send every step at density / 8 instead of holding for 8 steps (--low-mode thin):
     # about the same bytes, and the optimizer steps every component every step
     "imp_online_r8_thin": (None, ("--online-profile", "--low-mode", "thin"), 8),
+    # the same with the first plan at step 10 instead of 25 (window and re-plan period 10): the
+    # all-send start (every component at Top-k's density until the first plan) is a third of the
+    # 25-step variant's bytes over 300 steps; this one spends 10 steps there
+    "imp_online_r8_thin_w10": (
+        None, ("--online-profile", "--low-mode", "thin", "--online-window", "10", "--replan-every", "10"), 8,
+    ),
 }
 PLAN_POLICIES = ("importance", "all_low", "random", "swapped")  # their own plans (the knee plan, controls)
 QUALITY = {"minilm": ("accuracy", +1), "gpt": ("loss", -1)}  # metric, +1 = higher is better
