@@ -145,15 +145,16 @@ def step_table(report_path: Path) -> str:
 
     rep = json.loads(report_path.read_text())["steps"]
     out = [
-        "| run | comm, last rank: measured / predicted (ms) | error | comm, mean rank: measured / predicted (ms) | error "
+        "| run | comm, last rank: measured ± s.e. / predicted (ms) | error | verdict | comm, mean rank: measured / predicted (ms) | error "
         "| step: measured / predicted (ms) | error | bytes/step/rank (real = sim) |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---|---:|---:|---:|---:|---|",
     ]
     for name, r in rep["policies"].items():
         same = math.isclose(r["measured_wire_bytes"], r["predicted_wire_bytes"], rel_tol=1e-9)
         out.append(
-            f"| {name} | {r['measured_comm_min_over_ranks_s'] * 1e3:.1f} / {r['predicted_comm_min_over_ranks_s'] * 1e3:.1f} "
-            f"| {r['error_vs_min']:+.1%} | {r['measured_comm_mean_over_ranks_s'] * 1e3:.1f} / {r['predicted_comm_s'] * 1e3:.1f} "
+            f"| {name} | {r['measured_comm_min_over_ranks_s'] * 1e3:.1f} ± {r['measured_comm_min_over_ranks_se_s'] * 1e3:.1f} "
+            f"/ {r['predicted_comm_min_over_ranks_s'] * 1e3:.1f} | {r['error_vs_min']:+.1%} | {_verdict(r)} "
+            f"| {r['measured_comm_mean_over_ranks_s'] * 1e3:.1f} / {r['predicted_comm_s'] * 1e3:.1f} "
             f"| {r['error_vs_mean']:+.1%} | {r['measured_step_s'] * 1e3:.0f} / {r['predicted_step_s'] * 1e3:.0f} "
             f"| {r['step_error']:+.1%} | {r['measured_wire_bytes']:.0f} ({'yes' if same else 'NO'}) |"
         )
@@ -161,9 +162,19 @@ def step_table(report_path: Path) -> str:
         f"\nOver {len(rep['policies'])} runs ({rep['means_over']}): mean |error| of comm per step "
         f"{rep['mean_abs_error_vs_min']:.1%} (last rank), {rep['mean_abs_error_vs_mean']:.1%} (mean rank), "
         f"step time {rep['mean_abs_step_error']:.1%}; Kendall τ by step time {rep['kendall_tau_step']:.3f}, "
-        f"by communication time {rep['kendall_tau_comm']:.3f}."
+        f"by communication time {rep['kendall_tau_comm']:.3f}. Last rank's comm within 10 %: "
+        f"{rep['verdicts_vs_min']['met']} met, {rep['verdicts_vs_min']['missed']} missed, "
+        f"{rep['verdicts_vs_min']['unresolved']} unresolved (outside 10 % but within 2 standard errors of the "
+        "run's own mean over its steps)."
     )
     return "\n".join(out)
+
+
+def _verdict(r) -> str:
+    """A run's last-rank verdict (``compare_steps``); an unresolved one with the steps it would need."""
+    if r["verdict_vs_min"] != "unresolved":
+        return r["verdict_vs_min"]
+    return f"unresolved (~{r['steps_to_resolve']} steps)"
 
 
 TERMS = ("combine", "carry_skew", "finalize")

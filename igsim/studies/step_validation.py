@@ -45,7 +45,17 @@ from igsim.net.calibration import Calibration
 from igsim.net.topology import Topology
 from igsim.studies.validation import kendall_tau
 
-__all__ = ["compare_steps", "format_steps", "range_flags", "read_metrics", "run_flags", "simulate_runs"]
+__all__ = [
+    "RESOLVE_Z",
+    "compare_steps",
+    "format_steps",
+    "judge_run",
+    "last_rank_spread",
+    "range_flags",
+    "read_metrics",
+    "run_flags",
+    "simulate_runs",
+]
 
 Rows = Sequence[Mapping[str, Any]]
 
@@ -152,6 +162,43 @@ def _per_step(rows: Rows, column: str, reduce) -> dict[int, float]:
     return {s: reduce(v) for s, v in by_step.items()}
 
 
+#: a run's error is *resolved* (the measurement can tell it) when the prediction lies more than this
+#: many standard errors of the measured mean from it (about a 95 % interval)
+RESOLVE_Z = 2.0
+
+
+def last_rank_spread(rows: Rows, *, skip_steps: int = 1) -> dict[str, float]:
+    """The last-arriving rank's communication per step (the minimum over ranks of each step's
+    ``comm_s``, steps from ``skip_steps``) of one run's rows: ``mean_s``, ``sd_s`` (over steps),
+    ``se_s`` (``sd / sqrt(steps)``, the standard error of the mean; NaN below 2 steps) and ``steps``."""
+    per = _per_step(rows, "comm_s", min)
+    xs = [per[s] for s in sorted(per) if s >= skip_steps]
+    if not xs:
+        raise ValueError(f"no step >= {skip_steps} in the rows")
+    sd = statistics.stdev(xs) if len(xs) >= 2 else math.nan
+    return {"mean_s": statistics.mean(xs), "sd_s": sd, "se_s": sd / math.sqrt(len(xs)), "steps": len(xs)}
+
+
+def judge_run(
+    measured_s: float, predicted_s: float, se_s: float, sd_s: float, *, target: float = 0.10
+) -> dict[str, Any]:
+    """One run's communication against a relative ``target``: ``verdict`` is ``met`` (within it),
+    ``missed`` (outside it, and the prediction more than :data:`RESOLVE_Z` standard errors from the
+    measured mean, so the measurement can tell), or ``unresolved`` (outside it, but within that
+    many standard errors: the run's steps vary too much to judge it; ``steps_to_resolve`` is how
+    many steps would bring ``RESOLVE_Z`` standard errors down to half the target)."""
+    err = (predicted_s - measured_s) / measured_s if measured_s else math.nan
+    z = (predicted_s - measured_s) / se_s if se_s and se_s > 0 else math.inf
+    if abs(err) <= target:
+        verdict = "met"
+    elif abs(z) > RESOLVE_Z:
+        verdict = "missed"
+    else:
+        verdict = "unresolved"
+    need = math.ceil((RESOLVE_Z * sd_s / (0.5 * target * measured_s)) ** 2) if sd_s == sd_s and measured_s else None
+    return {"error": err, "z": z, "verdict": verdict, "steps_to_resolve": need}
+
+
 def compare_steps(
     runs: Mapping[str, tuple[Rows, Rows]],
     *,
@@ -176,6 +223,8 @@ def compare_steps(
             return float(statistics.mean(d[s] for s in steps))
 
         m_min, m_mean, p, p_min = mean(real_min), mean(real_mean), mean(sim_comm), mean(sim_min)
+        spread = last_rank_spread([r for r in real if int(r["step"]) in set(steps)], skip_steps=skip_steps)
+        judged = judge_run(m_min, p_min, spread["se_s"], spread["sd_s"])
         policies[policy] = {
             "steps": len(steps),
             "measured_comm_min_over_ranks_s": m_min,
@@ -186,6 +235,10 @@ def compare_steps(
             # predicts the waits of early ranks too; min against min, mean against mean
             "error_vs_min": (p_min - m_min) / m_min if m_min else math.nan,
             "error_vs_mean": (p - m_mean) / m_mean if m_mean else math.nan,
+            # how well the run's own steps pin its last-rank communication down (judge_run)
+            "measured_comm_min_over_ranks_se_s": spread["se_s"],
+            "verdict_vs_min": judged["verdict"],
+            "steps_to_resolve": judged["steps_to_resolve"],
             "measured_step_s": mean(_per_step(real, "step_s", statistics.mean)),
             "measured_step_max_over_ranks_s": mean(_per_step(real, "step_s", max)),
             "predicted_step_s": mean(_per_step(sim, "step_s", statistics.mean)),
@@ -210,6 +263,9 @@ def compare_steps(
     out["mean_abs_error_vs_min"] = statistics.mean(abs(v["error_vs_min"]) for v in vals)
     out["mean_abs_error_vs_mean"] = statistics.mean(abs(v["error_vs_mean"]) for v in vals)
     out["mean_abs_step_error"] = statistics.mean(abs(v["step_error"]) for v in vals)
+    out["verdicts_vs_min"] = {
+        k: sum(v["verdict_vs_min"] == k for v in vals) for k in ("met", "missed", "unresolved")
+    }
     if len(vals) >= 2:  # over the same runs as the means
         out["kendall_tau_step"] = kendall_tau(
             [v["measured_step_s"] for v in vals], [v["predicted_step_s"] for v in vals]
@@ -226,7 +282,8 @@ def format_steps(report: Mapping[str, Any]) -> str:
     rank and of the mean rank, measured / predicted / error each, then the step time."""
     width = max([12, *(len(k) for k in report["policies"])])
     lines = [
-        f"{'run':{width}s} {'steps':>5s} {'comm last':>10s} {'predicted':>10s} {'err':>7s} {'comm mean':>10s} "
+        f"{'run':{width}s} {'steps':>5s} {'comm last':>10s} {'± se':>7s} {'predicted':>10s} {'err':>7s} "
+        f"{'verdict':>10s} {'comm mean':>10s} "
         f"{'predicted':>10s} {'err':>7s} {'step ms':>9s} {'predicted':>9s} {'err':>7s} {'bytes ok':>8s}"
     ]
     flagged = []
@@ -235,7 +292,9 @@ def format_steps(report: Mapping[str, Any]) -> str:
         p_min = v.get("predicted_comm_min_over_ranks_s", v["predicted_comm_s"])
         lines.append(
             f"{policy:{width}s} {v['steps']:5d} {v['measured_comm_min_over_ranks_s'] * 1e3:10.2f} "
-            f"{p_min * 1e3:10.2f} {v['error_vs_min']:+7.1%} {v['measured_comm_mean_over_ranks_s'] * 1e3:10.2f} "
+            f"{v.get('measured_comm_min_over_ranks_se_s', math.nan) * 1e3:7.2f} "
+            f"{p_min * 1e3:10.2f} {v['error_vs_min']:+7.1%} {v.get('verdict_vs_min', '-'):>10s} "
+            f"{v['measured_comm_mean_over_ranks_s'] * 1e3:10.2f} "
             f"{v['predicted_comm_s'] * 1e3:10.2f} {v['error_vs_mean']:+7.1%} {v['measured_step_s'] * 1e3:9.1f} "
             f"{v['predicted_step_s'] * 1e3:9.1f} {v.get('step_error', math.nan):+7.1%} {'yes' if same else 'NO':>8s}"
             + (" *" if v.get("outside_range") else "")
@@ -250,6 +309,13 @@ def format_steps(report: Mapping[str, Any]) -> str:
         f"rank), {report['mean_abs_error_vs_mean']:.1%} (mean rank); step time "
         f"{report.get('mean_abs_step_error', math.nan):.1%}; target 10%"
     )
+    if "verdicts_vs_min" in report:
+        n = report["verdicts_vs_min"]
+        lines.append(
+            f"last-rank comm within 10%: {n['met']} met, {n['missed']} missed, {n['unresolved']} unresolved "
+            f"(outside 10% but within {RESOLVE_Z:g} standard errors of the run's own mean over its steps: "
+            "too few or too varied steps to judge; more steps resolve them)"
+        )
     if "kendall_tau_step" in report:
         lines.append(
             f"Kendall tau of the runs: by step time {report['kendall_tau_step']:.3f}, by communication time "

@@ -79,3 +79,27 @@ def test_flagged_runs_are_shown_but_left_out_of_the_means():
     everything = sv.compare_steps(runs, skip_steps=1, flags={p: ["x"] for p in runs})
     assert everything["runs_in_range"] == 0 and "none is inside" in everything["means_over"]
     assert everything["mean_abs_error_vs_min"] == pytest.approx((0.1 + 1.0) / 2)
+
+
+def test_a_run_outside_the_target_is_missed_only_when_its_own_steps_can_tell():
+    # last rank: 1.0 every step (no spread) -> a prediction 20 % short is a resolved miss
+    steady = _rows([[9.0, 9.0], *([[1.0, 1.2]] * 8)])
+    # the same mean with wild steps (0.4 / 1.6): the prediction 20 % short lies within 2 standard errors
+    wild = _rows([[9.0, 9.0], *([[0.4, 2.0], [1.6, 2.0]] * 4)])
+    sim = _rows([[0.8]] * 9)
+    rep = sv.compare_steps({"steady": (steady, sim), "wild": (wild, sim)}, skip_steps=1)
+    s, w = rep["policies"]["steady"], rep["policies"]["wild"]
+    assert s["measured_comm_min_over_ranks_s"] == pytest.approx(1.0) == w["measured_comm_min_over_ranks_s"]
+    assert s["error_vs_min"] == pytest.approx(-0.2) == w["error_vs_min"]
+    assert s["measured_comm_min_over_ranks_se_s"] == pytest.approx(0.0) and s["verdict_vs_min"] == "missed"
+    spread = sv.last_rank_spread(wild, skip_steps=1)
+    assert spread["steps"] == 8 and spread["sd_s"] == pytest.approx(0.6414, abs=1e-4)
+    assert w["measured_comm_min_over_ranks_se_s"] == pytest.approx(spread["sd_s"] / 8**0.5)
+    assert w["verdict_vs_min"] == "unresolved"
+    # 2 standard errors at half the target (5 % of the mean): (2 * 0.6414 / 0.05) ** 2 steps
+    assert w["steps_to_resolve"] == 659
+    assert rep["verdicts_vs_min"] == {"met": 0, "missed": 1, "unresolved": 1}
+    out = sv.format_steps(rep)
+    assert "unresolved" in out and "1 met" not in out and "0 met, 1 missed, 1 unresolved" in out
+    ok = sv.judge_run(1.0, 1.05, 0.5, 1.0)
+    assert ok["verdict"] == "met" and ok["error"] == pytest.approx(0.05)

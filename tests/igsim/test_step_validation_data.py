@@ -41,9 +41,12 @@ def test_replaying_the_committed_runs_gives_the_committed_table(name):
         for key, value in row.items():
             if isinstance(value, float):
                 assert math.isclose(got["policies"][label][key], value, rel_tol=1e-9), (label, key)
+            elif isinstance(value, (str, int)) and not isinstance(value, bool):  # verdicts, steps to resolve
+                assert got["policies"][label][key] == value, (label, key)
         assert row["measured_wire_bytes"] == row["predicted_wire_bytes"]  # bytes exact
     for key in ("mean_abs_error_vs_min", "mean_abs_error_vs_mean", "mean_abs_step_error", "kendall_tau_step"):
         assert math.isclose(got[key], want[key], rel_tol=1e-9), key
+    assert got["verdicts_vs_min"] == want["verdicts_vs_min"]
 
 
 def _with_column(name: str, column: str, file: str) -> bool:
