@@ -51,10 +51,10 @@ def spec_for(testbed: str, *, rate: float, queue_s: float):
 
     if testbed == "hetero":
         return tb.TestbedSpec(num_ranks=4, rate_bytes_per_s=rate, slow_rank=3, slow_rate_bytes_per_s=rate / 4,
-                              queue_s=queue_s)  # fmt: skip
+                              queue_s=queue_s, queue_min_bytes=0)  # fmt: skip
     if testbed == "two-level":
         return tb.TestbedSpec(num_ranks=4, rate_bytes_per_s=rate, two_level=True, uplink_rate_bytes_per_s=rate / 2,
-                              queue_s=queue_s)  # fmt: skip
+                              queue_s=queue_s, queue_min_bytes=0)  # fmt: skip
     raise ValueError(f"unknown testbed {testbed!r} (known: {', '.join(SIZES)})")
 
 

@@ -133,6 +133,15 @@ def add_testbed_arguments(p: argparse.ArgumentParser) -> None:
         help=f"every shaper's queue limit, ms of traffic (default {testbed.DEFAULT_QUEUE_S * 1e3:g})",
     )
     p.add_argument(
+        "--queue-min-bytes",
+        type=int,
+        default=testbed.DEFAULT_QUEUE_MIN_BYTES,
+        metavar="BYTES",
+        help="a shaper's queue holds at least this many bytes: on a link slower than BYTES per --queue-ms "
+        f"its queue is longer in time (default {testbed.DEFAULT_QUEUE_MIN_BYTES}, what 10 ms holds at "
+        "100 Mbit/s; 0: --queue-ms on every link)",
+    )
+    p.add_argument(
         "--tcp-slow-start-after-idle",
         type=int,
         choices=(0, 1),
@@ -160,5 +169,6 @@ def spec_from_args(args: argparse.Namespace) -> testbed.TestbedSpec:
         slow_rate_bytes_per_s=slow if args.hetero else None,
         ring=args.ring,
         queue_s=args.queue_ms / 1e3,
+        queue_min_bytes=args.queue_min_bytes,
         slow_start_after_idle=bool(args.tcp_slow_start_after_idle),
     )

@@ -398,6 +398,8 @@ def run_suite(args: argparse.Namespace) -> int:
     common = [
         "--queue-ms",
         f"{args.queue_ms:g}",
+        "--queue-min-bytes",
+        str(args.queue_min_bytes),
         "--tcp-slow-start-after-idle",
         str(args.tcp_slow_start_after_idle),
         "--warmup",
@@ -517,7 +519,10 @@ def run(args: argparse.Namespace) -> int:
         + (f", two-level uplink {format_bandwidth(spec.uplink_rate)}" if spec.two_level else "")
         + (f", rank {slow} at {format_bandwidth(spec.rank_rate(slow))}" if slow is not None else "")
         + (", switchless ring" if spec.ring else "")
-        + f", {spec.queue_s * 1e3:g} ms shaper queues"
+        + ", shaper queues "
+        + ", ".join(
+            f"{spec.queue_s_at(r) * 1e3:.3g} ms at {format_bandwidth(r)}" for r in testbed.link_rates(spec)
+        )
         + f"; {roles['calibration']} calibration + {roles['validation']} validation cases x {reps} reps"
         + (
             f"; then {args.steps} training steps of {', '.join(r.label for r in step_runs)}"

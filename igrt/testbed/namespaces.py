@@ -8,8 +8,11 @@ heterogeneous variant gives one rank a slower NIC. The ring variant (3 ranks) ha
 rank is joined to each neighbour by a veth pair of its own (``eth0`` to rank r+1, ``eth1`` to rank
 r-1), each shaped both ways, so a ring collective's send and receive of one rank use different links.
 
-Every shaper's queue holds ``queue_s`` of traffic (``tbf latency``; default 10 ms, as a switch port
-would: the earlier 100 ms let a standing queue delay the reverse flow's ACKs on slow links).
+Every shaper's queue holds ``queue_s`` of traffic at its rate (``tbf latency``; default 10 ms, as a
+switch port would: the earlier 100 ms let a standing queue delay the reverse flow's ACKs on slow
+links) and never fewer than ``queue_min_bytes`` (default 125 kB, what 10 ms holds at 100 Mbit/s): a
+switch's buffer is bytes, not time, and 10 ms at 25 Mbit/s (31 kB) drops a 4-rank burst that a
+125 kB queue absorbs (docs/validation.md, "The shaper's queue").
 
 Addresses are 10.213.0.(i+1) and exist only inside these namespaces: no route leads anywhere else.
 ``netem`` is not in this kernel, so latency cannot be injected; the stack's own per-message overhead is
@@ -34,11 +37,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["PREFIX", "Testbed", "TestbedError", "TestbedSpec", "bottleneck_bytes_per_s", "burst_s", "describe",
-           "leftovers", "new_run_id", "run_ids", "shaper_counters", "support_problem",
+           "leftovers", "link_rates", "new_run_id", "run_ids", "shaper_counters", "support_problem",
            "teardown", "teardown_all"]  # fmt: skip
 
 PREFIX = "igtb-"
 DEFAULT_QUEUE_S = 0.010
+DEFAULT_QUEUE_MIN_BYTES = 125_000  # 10 ms at 100 Mbit/s
 SUBNET = "10.213.0"
 RANK_IFNAME = "eth0"
 _RUN_ID = re.compile(r"[0-9a-z]{4,16}")
@@ -70,7 +74,9 @@ class TestbedSpec:
     ``uplink_rate_bytes_per_s`` (default: the rank rate, i.e. 2:1 contention for cross traffic).
     ``slow_rank`` / ``slow_rate_bytes_per_s``: one rank with a slower NIC (heterogeneous case).
     ``ring``: 3 ranks, each pair joined by its own shaped link (no switch).
-    ``queue_s``: every shaper's queue limit in seconds of traffic at its rate (tbf ``latency``).
+    ``queue_s``: every shaper's queue limit in seconds of traffic at its rate (tbf ``latency``), raised
+    where that holds fewer than ``queue_min_bytes`` (0: time only) to the time those bytes take at the
+    shaper's rate (:meth:`queue_s_at`).
     ``slow_start_after_idle``: the rank namespaces' ``net.ipv4.tcp_slow_start_after_idle`` (Linux's
     default True: a connection idle for longer than its retransmission timeout restarts from the
     initial congestion window, as gloo's sockets do between a training step's collectives).
@@ -86,6 +92,7 @@ class TestbedSpec:
     slow_rate_bytes_per_s: float | None = None
     ring: bool = False
     queue_s: float = DEFAULT_QUEUE_S
+    queue_min_bytes: int = DEFAULT_QUEUE_MIN_BYTES
     slow_start_after_idle: bool = True
     mtu: int = 1500
     run_id: str = field(default_factory=new_run_id)
@@ -110,6 +117,13 @@ class TestbedSpec:
             )
         if not (0.001 <= self.queue_s <= 1.0):
             raise ValueError(f"testbed: queue_s must be in [0.001, 1] seconds, got {self.queue_s}")
+        if not (0 <= self.queue_min_bytes <= 64 * 2**20):
+            raise ValueError(f"testbed: queue_min_bytes must be in [0, 64 MiB], got {self.queue_min_bytes}")
+
+    def queue_s_at(self, rate_bytes_per_s: float) -> float:
+        """The queue limit (tbf ``latency``, seconds) of a shaper at ``rate``: ``queue_s``, or the
+        time ``queue_min_bytes`` takes at that rate where that is longer."""
+        return max(self.queue_s, self.queue_min_bytes / rate_bytes_per_s)
 
     @property
     def switch_ns(self) -> str:
@@ -177,7 +191,7 @@ def _tbf(ns: str, dev: str, rate_bytes_per_s: float, mtu: int, queue_s: float) -
             "burst",
             str(burst),
             "latency",
-            f"{queue_s * 1e3:g}ms",
+            f"{round(queue_s * 1e3, 3):g}ms",
         )
     )
 
@@ -268,7 +282,7 @@ def setup(spec: TestbedSpec) -> None:
             for dev, br in (("up0", "br0"), ("up1", "br1")):
                 _run(_ns(sw, "ip", "link", "set", dev, "master", br))
                 _run(_ns(sw, "ip", "link", "set", dev, "up"))
-                _tbf(sw, dev, spec.uplink_rate, spec.mtu, spec.queue_s)
+                _tbf(sw, dev, spec.uplink_rate, spec.mtu, spec.queue_s_at(spec.uplink_rate))
         for r in range(spec.num_ranks):
             ns, port = spec.rank_ns(r), f"p{r}"
             _run(["ip", "netns", "add", ns])
@@ -295,8 +309,8 @@ def setup(spec: TestbedSpec) -> None:
             _run(_ns(ns, "ip", "addr", "add", f"{spec.rank_addr(r)}/24", "dev", RANK_IFNAME))
             _run(_ns(ns, "ip", "link", "set", RANK_IFNAME, "mtu", str(spec.mtu), "up"))
             rate = spec.rank_rate(r)
-            _tbf(ns, RANK_IFNAME, rate, spec.mtu, spec.queue_s)  # rank -> switch
-            _tbf(sw, port, rate, spec.mtu, spec.queue_s)  # switch -> rank
+            _tbf(ns, RANK_IFNAME, rate, spec.mtu, spec.queue_s_at(rate))  # rank -> switch
+            _tbf(sw, port, rate, spec.mtu, spec.queue_s_at(rate))  # switch -> rank
     except BaseException:
         teardown(spec.run_id)
         raise
@@ -331,7 +345,8 @@ def _setup_ring(spec: TestbedSpec) -> None:
             _run(_ns(ns, "ip", "link", "set", dev, "mtu", str(spec.mtu), "up"))
             _run(_ns(ns, "ip", "route", "add", f"{spec.rank_addr(peer)}/32", "dev", dev, "src",
                      spec.rank_addr(r)))  # fmt: skip
-            _tbf(ns, dev, min(spec.rank_rate(r), spec.rank_rate(peer)), spec.mtu, spec.queue_s)
+            link = min(spec.rank_rate(r), spec.rank_rate(peer))
+            _tbf(ns, dev, link, spec.mtu, spec.queue_s_at(link))
 
 
 def shaper_counters(run_id: str) -> dict[str, dict[str, int]]:
@@ -394,6 +409,14 @@ def bottleneck_bytes_per_s(spec: TestbedSpec) -> float:
     return min(rates)
 
 
+def link_rates(spec: TestbedSpec) -> list[float]:
+    """Every distinct shaped rate of the testbed (bytes per second), fastest first."""
+    rates = {spec.rank_rate(r) for r in range(spec.num_ranks)}
+    if spec.two_level:
+        rates.add(spec.uplink_rate)
+    return sorted(rates, reverse=True)
+
+
 def burst_s(spec: TestbedSpec) -> float:
     """The shapers' token-bucket burst in seconds of line rate on the slowest link
     (:func:`igrt.testbed.namespaces.burst_bytes`)."""
@@ -412,6 +435,8 @@ def describe(spec: TestbedSpec) -> dict[str, Any]:
         "slow_rate_bytes_per_s": spec.slow_rate_bytes_per_s,
         "ring": spec.ring,
         "queue_s": spec.queue_s,
+        "queue_min_bytes": spec.queue_min_bytes,
+        "queues_s": {f"{rate:g}": spec.queue_s_at(rate) for rate in link_rates(spec)},  # by link rate, B/s
         "mtu": spec.mtu,
         "burst_s": burst_s(spec),
         "slow_start_after_idle": spec.slow_start_after_idle,

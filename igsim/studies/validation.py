@@ -95,6 +95,9 @@ class TestbedDescription:
     slow_rate_bytes_per_s: float | None = None
     ring: bool = False
     queue_s: float = 0.1  # files written before the field existed ran with 100 ms tbf queues
+    # a shaper's queue held at least this many bytes (files written before the field: time only)
+    queue_min_bytes: int = 0
+    queues_s: Mapping[str, float] | None = None  # each link rate's queue (B/s -> s), where recorded
     burst_s: float = 0.0
     # the rank namespaces' net.ipv4.tcp_slow_start_after_idle (files written before the field: Linux's 1);
     # recorded, not modelled: the simulator's links are warm connections (docs/validation.md)

@@ -109,7 +109,8 @@ def test_ring_links_each_pair_directly_and_tears_down():
             == {spec.rank_ns(r) for r in range(3)}
         )  # no switch namespace
         qdiscs = _qdiscs(spec, 0)
-        assert qdiscs.count("tbf") == 2 and "lat 10ms" in qdiscs  # both of rank 0's links shaped
+        # both of rank 0's links shaped, each queue 125 kB (25 ms at 40 Mbit/s) for the 10 ms asked
+        assert qdiscs.count("tbf") == 2 and "lat 25ms" in qdiscs, qdiscs
         # each neighbour over its own direct link at the shaped rate
         for dst in (1, 2):
             goodputs = _goodputs(spec, 0, dst, 2**20)

@@ -24,6 +24,17 @@ def test_link_flags_reach_the_spec():
     assert _spec().slow_start_after_idle is True  # Linux's own default
 
 
+def test_a_queue_holds_at_least_its_minimum_bytes_on_slow_links():
+    spec = _spec("--bandwidth", "25Mbit")  # defaults: 10 ms, at least 125 kB
+    assert spec.queue_s_at(spec.rate_bytes_per_s) == pytest.approx(0.040)  # 125 kB at 25 Mbit/s
+    assert spec.queue_s_at(100e6 / 8) == pytest.approx(0.010)  # 10 ms holds 125 kB at 100 Mbit/s
+    assert spec.queue_s_at(1e9 / 8) == pytest.approx(0.010)  # never shorter than --queue-ms
+    flat = _spec("--bandwidth", "25Mbit", "--queue-min-bytes", "0")
+    assert flat.queue_s_at(flat.rate_bytes_per_s) == pytest.approx(0.010)
+    with pytest.raises(ValueError, match="queue_min_bytes"):
+        _spec("--queue-min-bytes", "-1")
+
+
 def test_slow_start_flag_takes_only_0_or_1():
     with pytest.raises(SystemExit):
         _spec("--tcp-slow-start-after-idle", "2")
