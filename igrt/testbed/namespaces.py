@@ -12,7 +12,7 @@ Every shaper's queue holds ``queue_s`` of traffic at its rate (``tbf latency``; 
 switch port would: the earlier 100 ms let a standing queue delay the reverse flow's ACKs on slow
 links) and never fewer than ``queue_min_bytes`` (default 125 kB, what 10 ms holds at 100 Mbit/s): a
 switch's buffer is bytes, not time, and 10 ms at 25 Mbit/s (31 kB) drops a 4-rank burst that a
-125 kB queue absorbs (docs/validation.md, "The shaper's queue").
+125 kB queue absorbs (docs/validation.md, "The shaper's queue in bytes").
 
 Addresses are 10.213.0.(i+1) and exist only inside these namespaces: no route leads anywhere else.
 ``netem`` is not in this kernel, so latency cannot be injected; the stack's own per-message overhead is
@@ -403,10 +403,7 @@ class Testbed:
 
 def bottleneck_bytes_per_s(spec: TestbedSpec) -> float:
     """The slowest link's rate (bytes per second): a rank's NIC or the uplink."""
-    rates = [spec.rank_rate(r) for r in range(spec.num_ranks)]
-    if spec.two_level:
-        rates.append(spec.uplink_rate)
-    return min(rates)
+    return link_rates(spec)[-1]
 
 
 def link_rates(spec: TestbedSpec) -> list[float]:
