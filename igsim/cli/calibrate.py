@@ -1,7 +1,9 @@
-"""``igsim calibrate RUN [-o calibration.json] [--check RUN2 ...]``: refit the testbed calibration.
+"""``igsim calibrate RUN [RUN ...] [-o calibration.json] [--check RUN2 ...]``: refit the testbed calibration.
 
-RUN is an ``igrt validate`` output folder (its ``measurements.json``) or a measurement file. The
-fit reads RUN's *calibration* cases only (:func:`igsim.studies.validation.fit`: alpha per message,
+RUN is an ``igrt validate`` output folder (its ``measurements.json``) or a measurement file; several
+RUNs of one testbed are pooled (every run's measurement of a case counts as a case of its own: a
+slow rep in one round weighs half; the shipped defaults are pooled fits). The
+fit reads the *calibration* cases only (:func:`igsim.studies.validation.fit`: alpha per message,
 the all-reduce and all-gather duplex bandwidth factors, the one-way factor) and writes an igsim
 Calibration (``igsim simulate --calibration``, ``igsim validate-report --calibration``). Each
 ``--check`` run, measured at another time or under another load, is then predicted with it, every
@@ -10,6 +12,7 @@ are reported per run. Takes seconds: the fit costs a few hundred gloo simulation
 
     igsim calibrate validate-out -o calibration.json
     igsim calibrate runA --check runB --check runC --statistic min
+    igsim calibrate roundA roundB -o igsim/data/testbed_calibration-hetero.json   # pooled
 """
 
 from __future__ import annotations
@@ -27,7 +30,12 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run", metavar="RUN", help="igrt validate output folder, or its measurements.json")
+    p.add_argument(
+        "run",
+        nargs="+",
+        metavar="RUN",
+        help="igrt validate output folder, or its measurements.json; several runs of one testbed are pooled",
+    )
     p.add_argument(
         "-o",
         "--out",
@@ -64,17 +72,18 @@ def _say(msg: str) -> None:
 def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     out = check_output_file(args.out, flag="--out")
-    path = v.measurement_path(args.run)
+    paths = [v.measurement_path(r) for r in args.run]
     checks = [v.measurement_path(c) for c in args.check]  # every input named before the work
-    with reading(path, "measurements"):
-        tb, cases, raw = v.load_measurements(path)
+    with reading(", ".join(map(str, paths)), "measurements"):
+        tb, cases, raws = v.pool_measurements(paths)
     topo = v.testbed_topology(tb)
     num_cal = sum(c.role == v.CALIBRATION for c in cases)
-    _say(
-        f"fitting on {num_cal} calibration cases of {path} ({tb.num_ranks} ranks, {raw.get('date', 'no date')})"
-    )
+    dates = ", ".join(raw.get("date", "no date") for raw in raws)
+    _say(f"fitting on {num_cal} calibration cases of {' + '.join(map(str, paths))} ({tb.num_ranks} ranks, {dates})")
     fit = fit_from_args(args, cases, topo, tb)
-    source = f"igsim calibrate {path} ({raw.get('date', '')}; {raw.get('command', 'igrt validate')})"
+    source = "igsim calibrate " + " + ".join(
+        f"{p} ({raw.get('date', '')}; {raw.get('command', 'igrt validate')})" for p, raw in zip(paths, raws)
+    )
     fit.calibration(topo, source=source).save(out)
     gather = f", x{fit.gather_factor:.4f} all-gather" if fit.gather_factor else ""
     print(

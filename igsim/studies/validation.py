@@ -63,6 +63,7 @@ __all__ = [
     "kendall_tau",
     "load_measurements",
     "measurement_path",
+    "pool_measurements",
     "predict_case",
     "testbed_kind",
     "testbed_topology",
@@ -233,6 +234,33 @@ def load_measurements(path: str | Path) -> tuple[TestbedDescription, list[Case],
     cases = [_case(c, where=f"{path}: case {i}") for i, c in enumerate(data["cases"])]
     check_disjoint(cases)
     return tb, cases, data
+
+
+# the testbed fields a pooled fit needs equal: everything that shapes a prediction or the network
+_POOL_KEYS = ("num_ranks", "rate_bytes_per_s", "two_level", "uplink_rate_bytes_per_s", "slow_rank",
+              "slow_rate_bytes_per_s", "ring", "queue_s", "queue_min_bytes", "burst_s")  # fmt: skip
+
+
+def pool_measurements(paths: Sequence[str | Path]) -> tuple[TestbedDescription, list[Case], list[dict[str, Any]]]:
+    """Read several measurement files of one testbed as one set of cases: (testbed, cases, the raw
+    JSON of each). With more than one file each case's name gets its file's index (``"1:p2p-64B"``),
+    so a fit sees every run's measurement of a case as a case of its own. ValueError when the files
+    describe different testbeds (names the first differing field)."""
+    if not paths:
+        raise ValueError("no measurement file to read")
+    loaded = [load_measurements(p) for p in paths]
+    tb0 = loaded[0][0]
+    for p, (tb, _, _) in zip(paths[1:], loaded[1:]):
+        for k in _POOL_KEYS:
+            if getattr(tb, k) != getattr(tb0, k):
+                raise ValueError(
+                    f"{p}: another testbed than {paths[0]} ({k} {getattr(tb, k)!r} vs {getattr(tb0, k)!r}); "
+                    "a pooled fit needs one testbed"
+                )
+    if len(loaded) == 1:
+        return tb0, loaded[0][1], [loaded[0][2]]
+    cases = [replace(c, name=f"{i}:{c.name}") for i, (_, cs, _) in enumerate(loaded) for c in cs]
+    return tb0, cases, [raw for _, _, raw in loaded]
 
 
 def _case(c: Mapping[str, Any], *, where: str) -> Case:
