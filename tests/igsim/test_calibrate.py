@@ -314,3 +314,68 @@ def test_each_shipped_calibration_predicts_the_quiet_rounds_mean_within_target(r
 def test_each_shipped_calibration_predicts_the_quiet_rounds_worst_within_target(run, testbed, capsys):
     d = _shipped_report(run, testbed, capsys)
     assert d["meets_worst"], d
+
+
+# Set I: one igrt validate --suite of 2026-12-06 (11:55-12:06, 1-min load 0.2-0.7, the 125 kB queue
+# testbed of every topology), measured after every shipped calibration above was committed (00a405f),
+# so out of sample for all four. Misses with the measured numbers (docs/validation.md, set I):
+SUITE_I = [(r, t) for r in ("IA", "IB") for t in TESTBEDS]
+_STAR_AG = "all_gather 1 MiB {}: its median 81 ms against 75-76 ms two days earlier, all_gather 4 MiB unchanged"
+SUITE_I_SHIPPED_WORST_MISSES = {
+    ("IA", "star"): _STAR_AG.format("-12.8 %"),
+    ("IB", "star"): _STAR_AG.format("-13.4 %"),
+    ("IA", "two-level"): "reduce_scatter 1 MiB across the uplink -13.1 % (its own fit: -15.3 %, the skewed 2 MiB gather)",
+    ("IB", "two-level"): "reduce_scatter 1 MiB across the uplink -15.3 % (its reps spread 60 %)",
+    ("IB", "ring"): "sparse gather skew 512 KiB -13.4 %: 102 ms against IA's 92 ms six minutes earlier",
+}
+SUITE_I_TRANSFER_WORST_MISSES = {  # IA's own fit predicts IB
+    "star": _STAR_AG.format("-13.2 %"),
+    "two-level": "reduce_scatter 1 MiB -15.9 % (mean 5.2 % missed too)",
+    "ring": "sparse gather skew 512 KiB -13.8 %, broadcast 1 MiB 97 ms against IA's 86 ms",
+}
+SUITE_I_TRANSFER_MEAN_MISSES = {"two-level": "mean 5.2 %: reduce_scatter 1 MiB -15.9 % alone adds 0.8 point"}
+
+
+def _xfail_if(missed: dict, key, *values):
+    """``values`` as one parametrize entry, a strict xfail carrying the measured reason where ``key`` missed."""
+    if key in missed:
+        return pytest.param(*values, marks=pytest.mark.xfail(strict=True, reason=missed[key]))
+    return values if len(values) > 1 else values[0]
+
+
+def _set_i_shipped(run: str, testbed: str, capsys) -> dict:
+    rc = igsim_main(["validate-report", str(RUNS / f"{run}-{testbed}" / "measurements.json"),
+                     "--calibration", "default", "--json"])  # fmt: skip
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)["collectives_large"]
+    assert d["num_cases"] >= 16
+    return d
+
+
+def test_set_i_is_the_125_kB_queue_testbed_of_every_shipped_calibration():
+    for run, testbed in SUITE_I:
+        tb = v.load_measurements(v.measurement_path(RUNS / f"{run}-{testbed}"))[0]
+        assert v.testbed_kind(tb) == testbed and tb.queue_min_bytes == 125000
+        assert _queue_bytes(tb) == _queue_bytes(
+            v.load_measurements(v.measurement_path(RUNS / SHIPPED_FROM[testbed][0]))[0]
+        ), (run, testbed)
+
+
+@pytest.mark.parametrize(("run", "testbed"), SUITE_I)
+def test_each_shipped_calibration_predicts_set_i_mean_within_target(run, testbed, capsys):
+    assert _set_i_shipped(run, testbed, capsys)["meets_mean"]
+
+
+@pytest.mark.parametrize(("run", "testbed"), [_xfail_if(SUITE_I_SHIPPED_WORST_MISSES, k, *k) for k in SUITE_I])
+def test_each_shipped_calibration_predicts_set_i_worst_within_target(run, testbed, capsys):
+    assert _set_i_shipped(run, testbed, capsys)["meets_worst"]
+
+
+@pytest.mark.parametrize("testbed", [_xfail_if(SUITE_I_TRANSFER_MEAN_MISSES, t, t) for t in TESTBEDS])
+def test_set_i_round_a_fit_predicts_round_b_mean_within_target(testbed):
+    assert _report(RUNS / f"IA-{testbed}", RUNS / f"IB-{testbed}")["collectives_large"]["meets_mean"]
+
+
+@pytest.mark.parametrize("testbed", [_xfail_if(SUITE_I_TRANSFER_WORST_MISSES, t, t) for t in TESTBEDS])
+def test_set_i_round_a_fit_predicts_round_b_worst_within_target(testbed):
+    assert _report(RUNS / f"IA-{testbed}", RUNS / f"IB-{testbed}")["collectives_large"]["meets_worst"]
