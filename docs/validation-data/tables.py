@@ -67,17 +67,17 @@ def model_table(runs: Path) -> str:
 
 
 def transfer_table(
-    runs: Path, *, statistic: str = "median", rounds: tuple[str, str, str] = ("A", "B", "C")
+    runs: Path, *, statistic: str = "median", rounds: tuple[str, ...] = ("A", "B", "C"), suffix: str = "-q10"
 ) -> str:
     head = "| testbed | fitted on | α (ms) | factors AR / AG / one-way | predicted run | load | collectives ≥ 256 KiB: mean / worst | dense ≥ 256 KiB | worst case |"
     lines = [head, "|---|---|---:|---|---|---|---:|---:|---|"]
     for t in TESTBEDS:
-        a = runs / f"{rounds[0]}-{t}-q10"
+        a = runs / f"{rounds[0]}-{t}{suffix}"
         if not (a / "measurements.json").exists():
             continue
         _, raw_a, f = _own(a, per_op=True, statistic=statistic)
         for rnd in rounds[1:]:
-            b = runs / f"{rnd}-{t}-q10"
+            b = runs / f"{rnd}-{t}{suffix}"
             if not (b / "measurements.json").exists():
                 continue
             tb, cases, raw, topo = _load(b)
@@ -262,7 +262,7 @@ def rewrite_steps() -> int:
     return 0
 
 
-def shipped_table(runs: Path, rounds: tuple[str, ...]) -> str:
+def shipped_table(runs: Path, rounds: tuple[str, ...], suffix: str = "-q10") -> str:
     """Each topology's shipped calibration (``Calibration.testbed_default(kind)``) on the runs of ``rounds``."""
     from igsim.net.calibration import Calibration
 
@@ -272,9 +272,9 @@ def shipped_table(runs: Path, rounds: tuple[str, ...]) -> str:
     ]  # fmt: skip
     for t in TESTBEDS:
         cal = Calibration.testbed_default(t)
-        source = cal.source.split("runs/", 1)[-1].split("/", 1)[0]
+        source = " + ".join(part.split("/", 1)[0] for part in cal.source.split("runs/")[1:])  # every pooled run
         for rnd in rounds:
-            b = runs / f"{rnd}-{t}-q10"
+            b = runs / f"{rnd}-{t}{suffix}"
             if not (b / "measurements.json").exists():
                 continue
             tb, cases, raw, topo = _load(b)
@@ -307,6 +307,10 @@ def main(argv: list[str]) -> int:
     print("\n".join(transfer_table(runs, rounds=("QE", "QF")).splitlines()[2:]))
     print("\n## each topology's shipped calibration on the quiet rounds\n")
     print(shipped_table(runs, ("QB", "QD", "QE", "QF")))
+    print("\n## set I (2026-12-06, 125 kB queues): fit on IA, predict IB; the shipped calibrations on both\n")
+    print(transfer_table(runs, rounds=("IA", "IB"), suffix=""))
+    print()
+    print(shipped_table(runs, ("IA", "IB"), suffix=""))
     print("\n## transfer, reps interleaved (fit on Ai, predict Bi and Ci)\n")
     print(transfer_table(runs, rounds=("Ai", "Bi", "Ci")))
     print("\n## the star's calibration (the shipped default) on every testbed\n")
