@@ -142,6 +142,15 @@ def add_testbed_arguments(p: argparse.ArgumentParser) -> None:
         "100 Mbit/s; 0: --queue-ms on every link)",
     )
     p.add_argument(
+        "--host-queue-bytes",
+        type=int,
+        default=testbed.DEFAULT_HOST_QUEUE_BYTES,
+        metavar="BYTES",
+        help="the queue of a rank's own egress shapers (its NIC), bytes (default "
+        f"{testbed.DEFAULT_HOST_QUEUE_BYTES}: TCP's own backpressure limits it, as on a real host; 0: "
+        "like every other shaper, the testbed before 2026-12-07)",
+    )
+    p.add_argument(
         "--tcp-slow-start-after-idle",
         type=int,
         choices=(0, 1),
@@ -170,5 +179,6 @@ def spec_from_args(args: argparse.Namespace) -> testbed.TestbedSpec:
         ring=args.ring,
         queue_s=args.queue_ms / 1e3,
         queue_min_bytes=args.queue_min_bytes,
+        host_queue_bytes=args.host_queue_bytes,
         slow_start_after_idle=bool(args.tcp_slow_start_after_idle),
     )

@@ -400,6 +400,8 @@ def run_suite(args: argparse.Namespace) -> int:
         f"{args.queue_ms:g}",
         "--queue-min-bytes",
         str(args.queue_min_bytes),
+        "--host-queue-bytes",
+        str(args.host_queue_bytes),
         "--tcp-slow-start-after-idle",
         str(args.tcp_slow_start_after_idle),
         "--warmup",
@@ -523,6 +525,7 @@ def run(args: argparse.Namespace) -> int:
         + ", ".join(
             f"{spec.queue_s_at(r) * 1e3:.3g} ms at {format_bandwidth(r)}" for r in testbed.link_rates(spec)
         )
+        + (f" (a rank's own NIC: {spec.host_queue_bytes / 2**20:g} MiB)" if spec.host_queue_bytes else "")
         + f"; {roles['calibration']} calibration + {roles['validation']} validation cases x {reps} reps"
         + (
             f"; then {args.steps} training steps of {', '.join(r.label for r in step_runs)}"

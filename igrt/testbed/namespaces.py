@@ -14,6 +14,13 @@ links) and never fewer than ``queue_min_bytes`` (default 125 kB, what 10 ms hold
 switch's buffer is bytes, not time, and 10 ms at 25 Mbit/s (31 kB) drops a 4-rank burst that a
 125 kB queue absorbs (docs/validation.md, "The shaper's queue in bytes").
 
+A rank's own egress shaper is its NIC, not a switch port: its queue holds ``host_queue_bytes``
+(default 4 MiB). A host's TCP stack is backpressured by its own qdisc (TSQ) and never loses a packet
+there; a 125 kB tbf in front of a sender with three connections of 64 kB GSO bursts dropped 2.8 % of
+all packets of a 1 MiB all-gather, all at the senders' own egress, and every drop cost a loss
+recovery (docs/validation.md, "A sender's own queue"). ``host_queue_bytes=0`` builds the earlier
+testbed, whose rank egress queued like a switch port.
+
 Addresses are 10.213.0.(i+1) and exist only inside these namespaces: no route leads anywhere else.
 ``netem`` is not in this kernel, so latency cannot be injected; the stack's own per-message overhead is
 what calibration fits.
@@ -43,6 +50,7 @@ __all__ = ["PREFIX", "Testbed", "TestbedError", "TestbedSpec", "bottleneck_bytes
 PREFIX = "igtb-"
 DEFAULT_QUEUE_S = 0.010
 DEFAULT_QUEUE_MIN_BYTES = 125_000  # 10 ms at 100 Mbit/s
+DEFAULT_HOST_QUEUE_BYTES = 4 * 2**20  # a rank's own NIC queue: deep enough that TSQ, not a drop, limits it
 SUBNET = "10.213.0"
 RANK_IFNAME = "eth0"
 _RUN_ID = re.compile(r"[0-9a-z]{4,16}")
@@ -77,6 +85,8 @@ class TestbedSpec:
     ``queue_s``: every shaper's queue limit in seconds of traffic at its rate (tbf ``latency``), raised
     where that holds fewer than ``queue_min_bytes`` (0: time only) to the time those bytes take at the
     shaper's rate (:meth:`queue_s_at`).
+    ``host_queue_bytes``: the queue of a rank's own egress shapers (its NIC: rank -> switch, and both of
+    a ring rank's links), in bytes; 0: ``queue_s`` / ``queue_min_bytes`` like every other shaper.
     ``slow_start_after_idle``: the rank namespaces' ``net.ipv4.tcp_slow_start_after_idle`` (Linux's
     default True: a connection idle for longer than its retransmission timeout restarts from the
     initial congestion window, as gloo's sockets do between a training step's collectives).
@@ -93,6 +103,7 @@ class TestbedSpec:
     ring: bool = False
     queue_s: float = DEFAULT_QUEUE_S
     queue_min_bytes: int = DEFAULT_QUEUE_MIN_BYTES
+    host_queue_bytes: int = DEFAULT_HOST_QUEUE_BYTES
     slow_start_after_idle: bool = True
     mtu: int = 1500
     run_id: str = field(default_factory=new_run_id)
@@ -119,6 +130,8 @@ class TestbedSpec:
             raise ValueError(f"testbed: queue_s must be in [0.001, 1] seconds, got {self.queue_s}")
         if not (0 <= self.queue_min_bytes <= 64 * 2**20):
             raise ValueError(f"testbed: queue_min_bytes must be in [0, 64 MiB], got {self.queue_min_bytes}")
+        if not (0 <= self.host_queue_bytes <= 64 * 2**20):
+            raise ValueError(f"testbed: host_queue_bytes must be in [0, 64 MiB], got {self.host_queue_bytes}")
 
     def queue_s_at(self, rate_bytes_per_s: float) -> float:
         """The queue limit (tbf ``latency``, seconds) of a shaper at ``rate``: ``queue_s``, or the
@@ -172,10 +185,12 @@ def burst_bytes(rate_bytes_per_s: float, mtu: int) -> int:
     return max(2 * (mtu + 14), int(rate_bytes_per_s * 0.002))
 
 
-def _tbf(ns: str, dev: str, rate_bytes_per_s: float, mtu: int, queue_s: float) -> None:
-    """Shape ``dev``'s egress to ``rate``: burst of :func:`burst_bytes`, a queue of ``queue_s``."""
+def _tbf(ns: str, dev: str, rate_bytes_per_s: float, mtu: int, queue_s: float, *, limit_bytes: int = 0) -> None:
+    """Shape ``dev``'s egress to ``rate``: burst of :func:`burst_bytes`, a queue of ``queue_s`` (or,
+    with ``limit_bytes``, of that many bytes: a host's own NIC queue)."""
     rate_bit = max(int(rate_bytes_per_s * 8), 8000)
     burst = burst_bytes(rate_bytes_per_s, mtu)
+    queue = ["limit", str(limit_bytes)] if limit_bytes else ["latency", f"{round(queue_s * 1e3, 3):g}ms"]
     _run(
         _ns(
             ns,
@@ -190,8 +205,7 @@ def _tbf(ns: str, dev: str, rate_bytes_per_s: float, mtu: int, queue_s: float) -
             f"{rate_bit}bit",
             "burst",
             str(burst),
-            "latency",
-            f"{round(queue_s * 1e3, 3):g}ms",
+            *queue,
         )
     )
 
@@ -309,7 +323,7 @@ def setup(spec: TestbedSpec) -> None:
             _run(_ns(ns, "ip", "addr", "add", f"{spec.rank_addr(r)}/24", "dev", RANK_IFNAME))
             _run(_ns(ns, "ip", "link", "set", RANK_IFNAME, "mtu", str(spec.mtu), "up"))
             rate = spec.rank_rate(r)
-            _tbf(ns, RANK_IFNAME, rate, spec.mtu, spec.queue_s_at(rate))  # rank -> switch
+            _tbf(ns, RANK_IFNAME, rate, spec.mtu, spec.queue_s_at(rate), limit_bytes=spec.host_queue_bytes)  # rank -> switch
             _tbf(sw, port, rate, spec.mtu, spec.queue_s_at(rate))  # switch -> rank
     except BaseException:
         teardown(spec.run_id)
@@ -346,7 +360,7 @@ def _setup_ring(spec: TestbedSpec) -> None:
             _run(_ns(ns, "ip", "route", "add", f"{spec.rank_addr(peer)}/32", "dev", dev, "src",
                      spec.rank_addr(r)))  # fmt: skip
             link = min(spec.rank_rate(r), spec.rank_rate(peer))
-            _tbf(ns, dev, link, spec.mtu, spec.queue_s_at(link))
+            _tbf(ns, dev, link, spec.mtu, spec.queue_s_at(link), limit_bytes=spec.host_queue_bytes)  # a NIC
 
 
 def shaper_counters(run_id: str) -> dict[str, dict[str, int]]:
@@ -433,6 +447,7 @@ def describe(spec: TestbedSpec) -> dict[str, Any]:
         "ring": spec.ring,
         "queue_s": spec.queue_s,
         "queue_min_bytes": spec.queue_min_bytes,
+        "host_queue_bytes": spec.host_queue_bytes,
         "queues_s": {f"{rate:g}": spec.queue_s_at(rate) for rate in link_rates(spec)},  # by link rate, B/s
         "mtu": spec.mtu,
         "burst_s": burst_s(spec),

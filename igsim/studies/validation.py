@@ -99,6 +99,8 @@ class TestbedDescription:
     # a shaper's queue held at least this many bytes (files written before the field: time only)
     queue_min_bytes: int = 0
     queues_s: Mapping[str, float] | None = None  # each link rate's queue (B/s -> s), where recorded
+    # a rank's own egress (NIC) queue in bytes (0, and files written before the field: like the others)
+    host_queue_bytes: int = 0
     burst_s: float = 0.0
     # the rank namespaces' net.ipv4.tcp_slow_start_after_idle (files written before the field: Linux's 1);
     # recorded, not modelled: the simulator's links are warm connections (docs/validation.md)
@@ -238,7 +240,7 @@ def load_measurements(path: str | Path) -> tuple[TestbedDescription, list[Case],
 
 # the testbed fields a pooled fit needs equal: everything that shapes a prediction or the network
 _POOL_KEYS = ("num_ranks", "rate_bytes_per_s", "two_level", "uplink_rate_bytes_per_s", "slow_rank",
-              "slow_rate_bytes_per_s", "ring", "queue_s", "queue_min_bytes", "burst_s")  # fmt: skip
+              "slow_rate_bytes_per_s", "ring", "queue_s", "queue_min_bytes", "host_queue_bytes", "burst_s")  # fmt: skip
 
 
 def pool_measurements(paths: Sequence[str | Path]) -> tuple[TestbedDescription, list[Case], list[dict[str, Any]]]:

@@ -101,7 +101,7 @@ def test_hetero_slow_nic_and_crash_cleanup():
 
 def test_ring_links_each_pair_directly_and_tears_down():
     rate = 40e6 / 8
-    spec = testbed.TestbedSpec(num_ranks=3, rate_bytes_per_s=rate, ring=True, queue_s=0.01)
+    spec = testbed.TestbedSpec(num_ranks=3, rate_bytes_per_s=rate, ring=True, queue_s=0.01, host_queue_bytes=0)
     with testbed.Testbed(spec):
         assert (
             set(testbed.leftovers(spec.run_id))
@@ -110,12 +110,29 @@ def test_ring_links_each_pair_directly_and_tears_down():
         )  # no switch namespace
         qdiscs = _qdiscs(spec, 0)
         # both of rank 0's links shaped, each queue 125 kB (25 ms at 40 Mbit/s) for the 10 ms asked
+        # (host_queue_bytes=0: a NIC queues like a switch port)
         assert qdiscs.count("tbf") == 2 and "lat 25ms" in qdiscs, qdiscs
         # each neighbour over its own direct link at the shaped rate
         for dst in (1, 2):
             goodputs = _goodputs(spec, 0, dst, 2**20)
             assert 0.85 * rate < max(goodputs) and max(goodputs) < 1.05 * rate, goodputs
     assert testbed.leftovers(spec.run_id) == []
+
+
+def test_a_ranks_own_nic_queues_host_queue_bytes_and_a_switch_port_its_bytes_floor():
+    rate = 40e6 / 8
+    spec = testbed.TestbedSpec(num_ranks=2, rate_bytes_per_s=rate)  # default: a 4 MiB NIC queue
+    with testbed.Testbed(spec):
+        # tc prints a tbf queue as time at its rate: 4 MiB + the 10 kB burst at 40 Mbit/s ~ 837 ms
+        assert "lat 837ms" in _qdiscs(spec, 0), _qdiscs(spec, 0)
+        port = subprocess.run(["ip", "netns", "exec", spec.switch_ns, "tc", "qdisc", "show"], capture_output=True,
+                              text=True).stdout  # fmt: skip
+        assert port.count("lat 25ms") == 2, port  # switch -> rank: 125 kB at 40 Mbit/s
+    ring = testbed.TestbedSpec(num_ranks=3, rate_bytes_per_s=rate, ring=True)
+    with testbed.Testbed(ring):
+        assert _qdiscs(ring, 1).count("lat 837ms") == 2  # both of a ring rank's links are its NIC
+    with pytest.raises(ValueError, match="host_queue_bytes"):
+        testbed.TestbedSpec(num_ranks=2, rate_bytes_per_s=rate, host_queue_bytes=-1)
 
 
 def _qdiscs(spec: testbed.TestbedSpec, rank: int) -> str:

@@ -35,6 +35,13 @@ def test_a_queue_holds_at_least_its_minimum_bytes_on_slow_links():
         _spec("--queue-min-bytes", "-1")
 
 
+def test_the_host_queue_flag_reaches_the_spec():
+    assert _spec().host_queue_bytes == 4 * 2**20  # a rank's own NIC: TCP's backpressure, not a drop
+    assert _spec("--host-queue-bytes", "0").host_queue_bytes == 0  # the testbed before 2026-12-07
+    with pytest.raises(ValueError, match="host_queue_bytes"):
+        _spec("--host-queue-bytes", "-5")
+
+
 def test_slow_start_flag_takes_only_0_or_1():
     with pytest.raises(SystemExit):
         _spec("--tcp-slow-start-after-idle", "2")
