@@ -379,3 +379,27 @@ def test_set_i_round_a_fit_predicts_round_b_mean_within_target(testbed):
 @pytest.mark.parametrize("testbed", [_xfail_if(SUITE_I_TRANSFER_WORST_MISSES, t, t) for t in TESTBEDS])
 def test_set_i_round_a_fit_predicts_round_b_worst_within_target(testbed):
     assert _report(RUNS / f"IA-{testbed}", RUNS / f"IB-{testbed}")["collectives_large"]["meets_worst"]
+
+
+# Set J (2026-12-07): the same suite with a rank's own NIC queue at 4 MiB (igrt testbed's
+# host_queue_bytes), predicted by the shipped files fitted on the 125 kB NIC queues. JA-star is left
+# out: its all-reduce 8 MiB and the all-gathers after it were timed beside other work on the 2 cores.
+SET_J_WORST_MISSES = {
+    ("JA", "two-level"): "skewed sparse gather 2 MiB -21.0 %",
+    ("JB", "two-level"): "reduce_scatter 1 MiB -11.2 % (-15.3 % in set I)",
+}
+SET_J = [(r, t) for r in ("JA", "JB") for t in TESTBEDS if (r, t) != ("JA", "star")]
+
+
+def test_set_j_ran_with_4_mib_nic_queues_and_set_i_without():
+    for run, testbed in SET_J:
+        tb = v.load_measurements(v.measurement_path(RUNS / f"{run}-{testbed}"))[0]
+        assert v.testbed_kind(tb) == testbed and tb.host_queue_bytes == 4 * 2**20
+    assert v.load_measurements(v.measurement_path(RUNS / "IA-star"))[0].host_queue_bytes == 0
+
+
+@pytest.mark.parametrize(("run", "testbed"), [_xfail_if(SET_J_WORST_MISSES, (r, t), r, t) for r, t in SET_J])
+def test_each_shipped_calibration_predicts_set_j_within_both_targets(run, testbed, capsys):
+    d = _set_i_shipped(run, testbed, capsys)
+    assert d["meets_mean"], d["mape"]
+    assert d["meets_worst"], (d["worst_case"], d["worst_error"])
