@@ -28,7 +28,7 @@ CASES = {
     "two-level": [("reduce_scatter", 1024), ("all_gather", 1024), ("all_reduce", 1024)],
     "ring": [("all_gather", 1024), ("all_reduce", 1024), ("reduce_scatter", 1024)],
 }
-SETTINGS = {"default": 0, "deep": 4 * 2**20}  # the names of the committed data: host_queue_bytes
+SETTINGS = {"nic-125kB": 0, "nic-4MiB": 4 * 2**20}  # setting name: host_queue_bytes (0: 125 kB, like a switch port)
 
 
 def spec_for(testbed: str, host_queue_bytes: int):
