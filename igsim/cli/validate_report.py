@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     roles: tuple[str, ...] = (v.VALIDATION,)
     cal = None
     if args.calibration == "default":
-        cal = Calibration.testbed_default(v.testbed_kind(tb))
+        cal = Calibration.testbed_default(v.testbed_kind(tb), host_queue_bytes=tb.host_queue_bytes)
     elif args.calibration:
         with reading(args.calibration, "calibration"):
             cal = Calibration.load(args.calibration)

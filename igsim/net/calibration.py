@@ -44,12 +44,15 @@ from typing import Any
 from igpolicy.config import check_keys
 from igpolicy.units import parse_bandwidth, parse_time
 
-__all__ = ["TESTBED_DEFAULT", "TESTBED_DEFAULTS", "Calibration", "LinkCalibration"]
+__all__ = ["TESTBED_DEFAULT", "TESTBED_DEFAULTS", "TESTBED_DEFAULTS_NIC_125KB", "Calibration", "LinkCalibration"]
 
 _DATA = Path(__file__).resolve().parent.parent / "data"
 # The calibrations of the namespace testbed (igrt testbed: 100 Mbit/s rank links, tbf shapers), one
-# per topology (igrt validate's --suite testbeds), each ``igsim calibrate`` of one ``igrt validate``
-# run of that topology; its source says which. The star's is the one taken when none is named.
+# per topology (igrt validate's --suite testbeds), each ``igsim calibrate`` of ``igrt validate`` runs
+# of that topology; its source says which. The star's is the one taken when none is named. They were
+# fitted on the testbed as it is (a rank's own NIC queue 4 MiB, igrt testbed's host_queue_bytes);
+# TESTBED_DEFAULTS_NIC_125KB are those fitted on the earlier testbed whose NIC queue held 125 kB like
+# every other shaper (host_queue_bytes 0 in its measurement files), kept for the runs measured on it.
 TESTBED_DEFAULT = _DATA / "testbed_calibration.json"
 TESTBED_DEFAULTS = {
     "star": TESTBED_DEFAULT,
@@ -57,6 +60,7 @@ TESTBED_DEFAULTS = {
     "hetero": _DATA / "testbed_calibration-hetero.json",
     "ring": _DATA / "testbed_calibration-ring.json",
 }
+TESTBED_DEFAULTS_NIC_125KB = {kind: path.with_name(f"{path.stem}-nic-125kB.json") for kind, path in TESTBED_DEFAULTS.items()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,12 +212,18 @@ class Calibration:
         return cls.from_dict(data, where=f"calibration file {path}")
 
     @classmethod
-    def testbed_default(cls, testbed: str = "star") -> Calibration:
+    def testbed_default(cls, testbed: str = "star", *, host_queue_bytes: int | None = None) -> Calibration:
         """The shipped calibration of one topology of the namespace testbed (:data:`TESTBED_DEFAULTS`:
-        star, two-level, hetero, ring; ``igsim.studies.validation.testbed_kind`` names a measurement's)."""
+        star, two-level, hetero, ring; ``igsim.studies.validation.testbed_kind`` names a measurement's).
+        ``host_queue_bytes`` is the measured testbed's NIC queue (``TestbedDescription.host_queue_bytes``):
+        0 picks the file fitted on the earlier testbed whose NIC queue was an ordinary 125 kB shaper
+        queue (:data:`TESTBED_DEFAULTS_NIC_125KB`); None or any other size, the current testbed's."""
         if testbed not in TESTBED_DEFAULTS:
             raise ValueError(f"no shipped calibration for testbed {testbed!r} (known: {', '.join(TESTBED_DEFAULTS)})")
-        return cls.load(TESTBED_DEFAULTS[testbed])
+        if host_queue_bytes is not None and host_queue_bytes < 0:
+            raise ValueError(f"host_queue_bytes must be >= 0, got {host_queue_bytes}")
+        files = TESTBED_DEFAULTS_NIC_125KB if host_queue_bytes == 0 else TESTBED_DEFAULTS
+        return cls.load(files[testbed])
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
