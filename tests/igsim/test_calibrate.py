@@ -425,3 +425,37 @@ def test_each_nic_125kB_calibration_predicts_set_j_within_both_targets(run, test
     d = _set_i_shipped(run, testbed, capsys, calibration=str(TESTBED_DEFAULTS_NIC_125KB[testbed]))
     assert d["meets_mean"], d["mape"]
     assert d["meets_worst"], (d["worst_case"], d["worst_error"])
+
+
+# Set K (2026-12-07 07:03-07:15, 1-min load 0.5-2.6 with nothing else running), the same suite on the
+# 4 MiB NIC queues, measured after the set-J fits were committed as the shipped files (d659f5a): out
+# of sample for them. Misses, with the measured numbers (docs/validation.md, *Set K*):
+SET_K_SHIPPED_WORST_MISSES = {
+    ("KA", "two-level"): "all_reduce 1 MiB across the uplink -12.1 % (KA's own fit: -11.4 %)",
+    ("KB", "two-level"): "reduce_scatter 4 MiB across the uplink -10.1 % (KA's fit: -9.5 %)",
+}
+SET_K = [(r, t) for r in ("KA", "KB") for t in TESTBEDS]
+
+
+def test_set_k_ran_with_4_mib_nic_queues_after_the_set_j_fits_were_shipped():
+    for run, testbed in SET_K:
+        tb, _, raw = v.load_measurements(v.measurement_path(RUNS / f"{run}-{testbed}"))
+        assert v.testbed_kind(tb) == testbed and tb.host_queue_bytes == 4 * 2**20
+        assert raw["date"] >= "2026-12-07 07:03", raw["date"]  # d659f5a: 2026-12-07 07:02
+
+
+@pytest.mark.parametrize(("run", "testbed"), SET_K)
+def test_each_shipped_calibration_predicts_set_k_mean_within_target(run, testbed, capsys):
+    assert _set_i_shipped(run, testbed, capsys)["meets_mean"]
+
+
+@pytest.mark.parametrize(("run", "testbed"), [_xfail_if(SET_K_SHIPPED_WORST_MISSES, k, *k) for k in SET_K])
+def test_each_shipped_calibration_predicts_set_k_worst_within_target(run, testbed, capsys):
+    d = _set_i_shipped(run, testbed, capsys)
+    assert d["meets_worst"], (d["worst_case"], d["worst_error"])
+
+
+@pytest.mark.parametrize("testbed", TESTBEDS)
+def test_set_k_round_a_fit_predicts_round_b_within_both_targets(testbed):
+    d = _report(RUNS / f"KA-{testbed}", RUNS / f"KB-{testbed}")["collectives_large"]
+    assert d["num_cases"] >= 16 and d["meets_mean"] and d["meets_worst"], d
