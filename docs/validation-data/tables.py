@@ -13,6 +13,7 @@ transfer table: the calibration fitted on round A predicts every case of rounds 
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -262,8 +263,12 @@ def rewrite_steps() -> int:
     return 0
 
 
-def shipped_table(runs: Path, rounds: tuple[str, ...], suffix: str = "-q10") -> str:
-    """Each topology's shipped calibration (``Calibration.testbed_default(kind)``) on the runs of ``rounds``."""
+def shipped_table(
+    runs: Path, rounds: tuple[str, ...], suffix: str = "-q10", *, host_queue_bytes: int | None = None
+) -> str:
+    """Each topology's shipped calibration on the runs of ``rounds``: the file of the testbed each run
+    was measured on (``Calibration.testbed_default(kind, host_queue_bytes=...)`` with the run's NIC
+    queue), or those of ``host_queue_bytes`` where it is given (0: the files of the 125 kB NIC queues)."""
     from igsim.net.calibration import Calibration
 
     lines = [
@@ -271,13 +276,14 @@ def shipped_table(runs: Path, rounds: tuple[str, ...], suffix: str = "-q10") -> 
         "|---|---|---|---:|---:|---|",
     ]  # fmt: skip
     for t in TESTBEDS:
-        cal = Calibration.testbed_default(t)
-        source = " + ".join(part.split("/", 1)[0] for part in cal.source.split("runs/")[1:])  # every pooled run
         for rnd in rounds:
             b = runs / f"{rnd}-{t}{suffix}"
             if not (b / "measurements.json").exists():
                 continue
             tb, cases, raw, topo = _load(b)
+            nic = tb.host_queue_bytes if host_queue_bytes is None else host_queue_bytes
+            cal = Calibration.testbed_default(t, host_queue_bytes=nic)
+            source = " + ".join(re.findall(r"docs/validation-data/runs/([^/]+)/", cal.source))  # every pooled run
             rep = v.build_report(cases, topo, v.Fit.from_calibration(cal), burst_s=tb.burst_s,
                                  roles=(v.CALIBRATION, v.VALIDATION))  # fmt: skip
             lines.append(f"| {rnd}-{t} ({raw['date'][:16]}) | {_load_avg(raw)} | {source} | {_cell(rep)} | "
@@ -311,6 +317,17 @@ def main(argv: list[str]) -> int:
     print(transfer_table(runs, rounds=("IA", "IB"), suffix=""))
     print()
     print(shipped_table(runs, ("IA", "IB"), suffix=""))
+    print("\n## set J (2026-12-07, a rank's NIC queue 4 MiB): fit on JA, predict JB; the 125 kB-NIC files "
+          "(shipped when J was measured) on both, then the current files (fitted on J: in sample)\n")
+    print(transfer_table(runs, rounds=("JA", "JB"), suffix=""))
+    print()
+    print(shipped_table(runs, ("JA", "JB"), suffix="", host_queue_bytes=0))
+    print()
+    print(shipped_table(runs, ("JA", "JB"), suffix=""))
+    print("\n## set K (2026-12-07, after the set-J fits shipped): fit on KA, predict KB; the shipped files on both\n")
+    print(transfer_table(runs, rounds=("KA", "KB"), suffix=""))
+    print()
+    print(shipped_table(runs, ("KA", "KB"), suffix=""))
     print("\n## transfer, reps interleaved (fit on Ai, predict Bi and Ci)\n")
     print(transfer_table(runs, rounds=("Ai", "Bi", "Ci")))
     print("\n## the star's calibration (the shipped default) on every testbed\n")
