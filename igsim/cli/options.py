@@ -293,18 +293,23 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="one duplex bandwidth factor for every ring op (the model before the all-gather got its own)",
     )
+    p.add_argument(
+        "--no-overflow",
+        action="store_true",
+        help="no message overflows a queue (the model before the two-level uplink's queue overflow)",
+    )
 
 
 def fit_from_args(args: argparse.Namespace, cases, topo, testbed):
     """The testbed fit (:func:`igsim.studies.validation.fit`) under the flags both fitting commands take."""
-    from igsim.studies.validation import fit
+    from igsim.studies.validation import fit_testbed
 
-    return fit(
+    return fit_testbed(
         cases,
-        topo,
+        testbed,
         small_max_bytes=args.small_max_bytes,
         large_min_bytes=args.large_min_bytes,
-        burst_s=testbed.burst_s,
         per_op=not args.one_factor,
         statistic=args.statistic,
+        overflow=not getattr(args, "no_overflow", False),
     )

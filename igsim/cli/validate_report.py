@@ -146,7 +146,8 @@ def format_report(report: Mapping[str, Any]) -> str:
     )
     lines = [
         f"{where}: alpha {f['alpha_s'] * 1e3:.3f} ms/message, effective bandwidth x{f['duplex_factor']:.4f}"
-        f"{gather}, x{f['simplex_factor']:.4f} (one-way)",
+        f"{gather}, x{f['simplex_factor']:.4f} (one-way)"
+        + v.describe_extras(f.get("downstream_share", 1.0), f.get("overflow_factor", 1.0), f.get("overflow_queues")),
         f"errors against each case's {stat} of {report.get('reps', '?')} reps"
         + (f"; 1-min load average {load[0]:.2f} when timing ended" if load else ""),
         *(f"FLAGGED (outside the validated range): {f}" for f in report.get("flags", ())),

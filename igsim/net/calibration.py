@@ -30,6 +30,13 @@ than a max-min share to a flow that also queues behind a later, slower link (its
 longer and it loses packets in two queues). Measured on the two-level testbed: the root's send
 across the half-rate uplink got about 0.73 of its fair share of the root's NIC, its send to the
 local child the rest, and the uplink idled meanwhile (docs/validation.md).
+
+A link class may also give ``queue_bytes`` (the buffer in front of the link, e.g. a switch port's)
+and ``overflow_factor`` (< 1): a message that crosses such a link *after a faster one* on its path
+(a step-down: it arrives faster than the link drains) and is large enough to overflow the queue
+loses packets there, and TCP's recovery leaves its links working for ``size / overflow_factor``
+bytes' worth of time instead of ``size`` (:mod:`igsim.net.network` says when a message overflows).
+Without ``queue_bytes`` (or with a factor of 1) no message pays for overflowing.
 """
 
 from __future__ import annotations
@@ -66,11 +73,14 @@ TESTBED_DEFAULTS_NIC_125KB = {kind: path.with_name(f"{path.stem}-nic-125kB.json"
 @dataclass(frozen=True, kw_only=True)
 class LinkCalibration:
     """One link class: ``alpha_s`` per message; capacity = ``effective_bandwidth_bytes_per_s`` if
-    set, else nominal bandwidth x ``effective_bandwidth_factor``."""
+    set, else nominal bandwidth x ``effective_bandwidth_factor``; ``queue_bytes`` and
+    ``overflow_factor``: what a message that overflows the link's queue costs (module docstring)."""
 
     alpha_s: float = 0.0
     effective_bandwidth_factor: float = 1.0
     effective_bandwidth_bytes_per_s: float | None = None
+    queue_bytes: float | None = None
+    overflow_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.alpha_s) and self.alpha_s >= 0):
@@ -81,6 +91,18 @@ class LinkCalibration:
         b = self.effective_bandwidth_bytes_per_s
         if b is not None and not (math.isfinite(b) and b > 0):
             raise ValueError(f"calibration: effective_bandwidth_bytes_per_s={b!r} must be > 0 and finite")
+        q, o = self.queue_bytes, self.overflow_factor
+        if q is not None and not (math.isfinite(q) and q > 0):
+            raise ValueError(f"calibration: queue_bytes={q!r} must be > 0 and finite")
+        if not (math.isfinite(o) and 0 < o <= 1):
+            raise ValueError(f"calibration: overflow_factor={o!r} must be in (0, 1]")
+        if q is None and o != 1.0:
+            raise ValueError(f"calibration: overflow_factor={o!r} needs the queue it overflows (queue_bytes)")
+
+    @property
+    def overflows(self) -> bool:
+        """Whether an overflowing message costs more on a link of this class (a queue and a factor < 1)."""
+        return self.queue_bytes is not None and self.overflow_factor < 1.0
 
     def capacity_bytes_per_s(self, nominal_bytes_per_s: float) -> float:
         if self.effective_bandwidth_bytes_per_s is not None:
@@ -100,6 +122,10 @@ class LinkCalibration:
                 kwargs["effective_bandwidth_bytes_per_s"] = parse_bandwidth(
                     data["effective_bandwidth_bytes_per_s"]
                 )
+            if data.get("queue_bytes") is not None:
+                kwargs["queue_bytes"] = float(data["queue_bytes"])
+            if "overflow_factor" in data:
+                kwargs["overflow_factor"] = float(data["overflow_factor"])
             return cls(**kwargs)
         except (TypeError, ValueError) as e:
             raise ValueError(f"{where}: {e}") from None
@@ -111,10 +137,15 @@ class LinkCalibration:
         }
         if self.effective_bandwidth_bytes_per_s is not None:
             d["effective_bandwidth_bytes_per_s"] = self.effective_bandwidth_bytes_per_s
+        if self.queue_bytes is not None:
+            d["queue_bytes"] = self.queue_bytes
+            d["overflow_factor"] = self.overflow_factor
         return d
 
 
-_LINK_KEYS = frozenset({"alpha_s", "effective_bandwidth_factor", "effective_bandwidth_bytes_per_s"})
+_LINK_KEYS = frozenset(
+    {"alpha_s", "effective_bandwidth_factor", "effective_bandwidth_bytes_per_s", "queue_bytes", "overflow_factor"}
+)
 _TOP_KEYS = frozenset(
     {"gamma_s_per_byte", "default", "link_classes", "op_bandwidth_factors", "downstream_share", "source"}
 )

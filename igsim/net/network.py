@@ -15,6 +15,14 @@ run after every other event of that instant (a simpy event of lower priority).
 
 Deterministic: flows are kept in insertion order and ties are broken by link index.
 
+**Queue overflow** (a calibration's ``queue_bytes`` / ``overflow_factor`` per link class): a link that
+is slower than an earlier link of a message's path drains slower than the message arrives, so its
+queue grows by ``(1 - c / c_in)`` of every byte that reaches it (``c`` its capacity, ``c_in`` the
+fastest capacity before it on the path). With :data:`IN_FLIGHT` messages of a connection in flight
+at once, a message of ``m`` bytes overflows a queue of ``Q`` bytes when ``IN_FLIGHT · m · (1 - c /
+c_in) >= Q``; such a message then occupies its links for ``m / overflow_factor`` bytes (TCP's loss
+recovery: retransmissions and stalls), while only ``m`` count as delivered.
+
 >>> import simpy
 >>> from igsim.net.topology import star
 >>> env = simpy.Environment()
@@ -40,6 +48,7 @@ from igsim.net.topology import Topology
 
 __all__ = ["FlowInfo", "Network"]
 
+IN_FLIGHT = 2  # messages of one connection in flight at once: gloo's ring and all-gather keep two
 _NORMAL = 1  # simpy's priority of a timeout
 _LATE = 2  # runs after every NORMAL (1) and URGENT (0) event scheduled for the same instant
 
@@ -66,9 +75,9 @@ class _Flow:
         self.src = src
         self.dst = dst
         # cap: the bottleneck capacity, its rate when alone; weight: its share weight (Network docs)
-        self.links, _, self.cap, self.weight = path
-        self.size = size
-        self.remaining = size
+        self.links, _, self.cap, self.weight, overflow_bytes, overflow_factor = path
+        self.size = size  # delivered; remaining: the link work, more when the message overflows a queue
+        self.remaining = size / overflow_factor if size >= overflow_bytes else size
         self.rate = 0.0
         self.last_s = 0.0
         self.version = 0
@@ -157,10 +166,11 @@ class Network:
         """(directed link indices, alpha_s) of a message from ``src`` to ``dst``; cached."""
         return self._route(src, dst)[:2]
 
-    def _route(self, src: str, dst: str) -> tuple[tuple[int, ...], float, float, float]:
-        """:meth:`route` plus the bottleneck capacity (``inf`` without links) and the flow's share
-        weight: the calibration's ``downstream_share`` when a link of the path is slower than
-        another link of it, else 1."""
+    def _route(self, src: str, dst: str) -> tuple[tuple[int, ...], float, float, float, float, float]:
+        """:meth:`route` plus the bottleneck capacity (``inf`` without links), the flow's share
+        weight (the calibration's ``downstream_share`` when a link of the path is slower than
+        another link of it, else 1), and the smallest message that overflows a queue on the way
+        with that queue's ``overflow_factor`` (``inf``, 1 when none can: the module docstring)."""
         key = (src, dst)
         r = self._routes.get(key)
         if r is None:
@@ -175,8 +185,22 @@ class Network:
             cap = min((self._capacity[i] for i in links), default=float("inf"))
             top = max((self._capacity[i] for i in links), default=cap)
             weight = self.calibration.downstream_share if cap < top * (1 - 1e-9) else 1.0
-            r = self._routes[key] = (links, alpha, cap, weight)
+            r = self._routes[key] = (links, alpha, cap, weight, *self._overflow(links))
         return r
+
+    def _overflow(self, links: tuple[int, ...]) -> tuple[float, float]:
+        """(smallest overflowing message, its factor) over the step-down links of a path."""
+        smallest, factor = float("inf"), 1.0
+        fastest = 0.0
+        for i in links:
+            c = self._capacity[i]
+            link = self.calibration.for_class(self._class[i])
+            if link.overflows and c < fastest * (1 - 1e-9):
+                m = link.queue_bytes / (IN_FLIGHT * (1 - c / fastest))
+                if m < smallest:
+                    smallest, factor = m, link.overflow_factor
+            fastest = max(fastest, c)
+        return smallest, factor
 
     def link_capacity_bytes_per_s(self, link: int) -> float:
         """The capacity of directed link ``link`` (an index of :meth:`route`), calibrated."""
@@ -270,7 +294,7 @@ class Network:
         self.num_rate_updates += 1
         flow.callbacks = self._finish_alone_cb
         env = self.env
-        heappush(env._queue, (env._now + size / rate, _NORMAL, next(env._eid), flow))  # = env.schedule
+        heappush(env._queue, (env._now + flow.remaining / rate, _NORMAL, next(env._eid), flow))  # = env.schedule
 
     def _finish_alone(self, flow: _Flow) -> None:
         """The end of a flow that started alone (:meth:`_arrive`, inlined: the hot path)."""

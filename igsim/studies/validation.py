@@ -58,11 +58,15 @@ __all__ = [
     "Fit",
     "TestbedDescription",
     "build_report",
+    "describe_extras",
     "fit",
+    "fit_overflow",
     "fit_share",
+    "fit_testbed",
     "kendall_tau",
     "load_measurements",
     "measurement_path",
+    "overflow_queues",
     "pool_measurements",
     "predict_case",
     "testbed_kind",
@@ -297,13 +301,17 @@ class Fit:
 
     ``gather_factor``: the all-gather family's own duplex factor (all-gather, sparse all-gather),
     fitted from the large all-gather calibration cases with ``per_op=True``; None: the all-reduce
-    family's ``duplex_factor`` serves every duplex op (the one-factor model)."""
+    family's ``duplex_factor`` serves every duplex op (the one-factor model). ``overflow_queues``:
+    link class -> the queue in front of such a link (bytes; :func:`overflow_queues` of the testbed),
+    and ``overflow_factor`` what a message that overflows one costs (:mod:`igsim.net.network`)."""
 
     alpha_s: float
     duplex_factor: float
     simplex_factor: float
     gather_factor: float | None = None
     downstream_share: float = 1.0
+    overflow_factor: float = 1.0
+    overflow_queues: Mapping[str, float] = field(default_factory=dict)
     alpha_cases: Mapping[str, float] = field(default_factory=dict)
     rounds: int = 0
 
@@ -315,29 +323,52 @@ class Fit:
             return self.gather_factor
         return self.duplex_factor
 
+    def link_classes(self, topology: Topology, factor: float) -> dict[str, LinkCalibration]:
+        """Every link class of ``topology`` at ``factor`` with this fit's alpha (and, where it
+        has one, its queue and the overflow factor)."""
+        classes = sorted({d["link_class"] for _, _, d in topology.graph.edges(data=True)})
+        out = {}
+        for c in classes:
+            q = self.overflow_queues.get(c)
+            out[c] = LinkCalibration(alpha_s=self.alpha_s, effective_bandwidth_factor=factor, queue_bytes=q,
+                                     overflow_factor=self.overflow_factor if q is not None else 1.0)  # fmt: skip
+        return out
+
     def calibration(self, topology: Topology, *, source: str = "") -> Calibration:
         """An igsim Calibration: alpha and the all-reduce family's duplex factor on every link class
         of ``topology`` (data-parallel traffic is duplex); the other ops' factors as
         ``op_bandwidth_factors`` relative to it. :meth:`from_calibration` reads it back."""
         link = LinkCalibration(alpha_s=self.alpha_s, effective_bandwidth_factor=self.duplex_factor)
-        classes = sorted({d["link_class"] for _, _, d in topology.graph.edges(data=True)})
         ops = {
             op: self.factor(op) / self.duplex_factor
             for op in GLOO_OPS
             if op not in ("all_reduce", "reduce_scatter")
         }
-        return Calibration(link_classes={c: link for c in classes}, default=link, source=source,
-                           op_bandwidth_factors=ops, downstream_share=self.downstream_share)  # fmt: skip
+        return Calibration(link_classes=self.link_classes(topology, self.duplex_factor), default=link,
+                           source=source, op_bandwidth_factors=ops,
+                           downstream_share=self.downstream_share)  # fmt: skip
 
     @classmethod
     def from_calibration(cls, calibration: Calibration) -> Fit:
-        """The fit a calibration written by :meth:`calibration` holds (its default link class).
-        ValueError when the calibration's link classes disagree (not one fit)."""
+        """The fit a calibration written by :meth:`calibration` holds (its default link class, and
+        the queues of the classes that have one). ValueError when the calibration's link classes
+        disagree otherwise (not one fit)."""
         link = calibration.default
-        if any(c.to_dict() != link.to_dict() for c in calibration.link_classes.values()):
-            raise ValueError(
-                "calibration: link classes differ; a testbed fit has one alpha and factor for all"
-            )
+        plain = link.to_dict()
+        queues: dict[str, float] = {}
+        overflow: set[float] = set()
+        for name, c in calibration.link_classes.items():
+            d = c.to_dict()
+            if c.queue_bytes is not None:
+                queues[name] = c.queue_bytes
+                overflow.add(c.overflow_factor)
+                d = {k: v for k, v in d.items() if k not in ("queue_bytes", "overflow_factor")}
+            if d != plain:
+                raise ValueError(
+                    "calibration: link classes differ; a testbed fit has one alpha and factor for all"
+                )
+        if len(overflow) > 1:
+            raise ValueError("calibration: link classes differ in overflow_factor; a testbed fit has one")
         base = link.effective_bandwidth_factor
         ops = calibration.op_bandwidth_factors
         gather = ops.get("all_gather")
@@ -347,16 +378,51 @@ class Fit:
             simplex_factor=base * ops.get("p2p", 1.0),
             gather_factor=None if gather is None or gather == 1.0 else base * gather,
             downstream_share=calibration.downstream_share,
+            overflow_factor=overflow.pop() if overflow else 1.0,
+            overflow_queues=queues,
         )
+
+
+def describe_extras(downstream_share: float = 1.0, overflow_factor: float = 1.0,
+                    overflow_queues: Mapping[str, float] | None = None) -> str:  # fmt: skip
+    """The fit's two-level terms for a one-line summary ("" when neither applies)."""
+    parts = []
+    if downstream_share != 1.0:
+        parts.append(f"downstream share {downstream_share:.3f}")
+    for cls, q in sorted((overflow_queues or {}).items()):
+        parts.append(f"a message overflowing the {cls}'s {q / 1e3:.0f} kB queue x{overflow_factor:.4f}")
+    return "".join(f"; {p}" for p in parts)
+
+
+def overflow_queues(tb: TestbedDescription) -> dict[str, float]:
+    """Link class -> bytes of the queue in front of a link that a message meets after a faster one
+    (:mod:`igsim.net.network`): the two-level testbed's uplink, when it is slower than the rank
+    links (its tbf queue: ``queues_s`` at its rate where recorded, else ``queue_s`` of traffic and
+    at least ``queue_min_bytes``). Empty for the other testbeds: a star's or a ring's links all run
+    at one rate, and on the slow-NIC testbed the step-down is a rank link of the same class as the
+    others (not modelled there)."""
+    if not tb.two_level:
+        return {}
+    rate = float(tb.uplink_rate_bytes_per_s or tb.rate_bytes_per_s)
+    if rate >= float(tb.rate_bytes_per_s):
+        return {}
+    queue_s = None
+    for k, q in (tb.queues_s or {}).items():
+        if math.isclose(float(k), rate, rel_tol=1e-6):
+            queue_s = float(q)
+    if queue_s is None:
+        return {"uplink": max(tb.queue_s * rate, float(tb.queue_min_bytes))}
+    return {"uplink": queue_s * rate}
 
 
 def predict_case(case: Case, topology: Topology, fit_: Fit, *, burst_s: float = 0.0) -> float:
     """Seconds gloo takes for ``case`` on ``topology`` under ``fit_`` (the op's factor,
     :meth:`Fit.factor`); ``burst_s`` is the shapers' token-bucket burst (see
     :func:`igsim.collectives.gloo.predict_gloo`)."""
-    link = LinkCalibration(alpha_s=fit_.alpha_s, effective_bandwidth_factor=fit_.factor(case.op))
-    classes = {d["link_class"] for _, _, d in topology.graph.edges(data=True)}
-    cal = Calibration(link_classes={c: link for c in classes}, default=link, downstream_share=fit_.downstream_share)
+    factor = fit_.factor(case.op)
+    link = LinkCalibration(alpha_s=fit_.alpha_s, effective_bandwidth_factor=factor)
+    cal = Calibration(link_classes=fit_.link_classes(topology, factor), default=link,
+                      downstream_share=fit_.downstream_share)  # fmt: skip
     return predict_gloo(
         case.op,
         topology=topology,
@@ -379,6 +445,7 @@ def fit(
     per_op: bool = True,
     statistic: str = "median",
     downstream_share: float = 1.0,
+    overflow_queues: Mapping[str, float] | None = None,
 ) -> Fit:
     """Fit alpha and the bandwidth factors from the *calibration* cases (validation cases are
     ignored), matching each case's ``statistic`` of its reps ("median" or "min"). ``per_op``: the
@@ -387,7 +454,10 @@ def fit(
     depends on :attr:`~igsim.net.calibration.Calibration.downstream_share` (the two-level testbed's
     broadcast: a flow across the uplink shares the root's NIC with one that stays local) fit that
     share instead of a bandwidth factor; without such cases it stays ``downstream_share``.
-    ValueError when there is no small or no large duplex calibration case."""
+    ``overflow_queues`` (link class -> queue bytes, :func:`overflow_queues` of the testbed): every
+    large calibration case with a message that overflows one of them also fits the overflow factor
+    (least squares over those cases); without it no message overflows. ValueError when there is no
+    small or no large duplex calibration case."""
     _check_statistic(statistic)
     cal = [c for c in cases if c.role == CALIBRATION]
     small = [c for c in cal if c.bytes <= small_max_bytes]
@@ -406,8 +476,9 @@ def fit(
     large_reduce = [c for c in large_duplex if c.op not in GATHER_OPS] if large_gather else large_duplex
     if not large_reduce:  # only gathers measured: one factor for every duplex op
         large_reduce, large_gather = large_duplex, []
-    current = Fit(alpha_s=0.0, duplex_factor=1.0, simplex_factor=1.0,
-                  gather_factor=1.0 if large_gather else None, downstream_share=downstream_share)  # fmt: skip
+    current = Fit(alpha_s=0.0, duplex_factor=1.0, simplex_factor=1.0, gather_factor=1.0 if large_gather else None,
+                  downstream_share=downstream_share, overflow_queues=dict(overflow_queues or {}))  # fmt: skip
+    overflow_cases = [c for c in cal if c.bytes >= large_min_bytes and _overflows(c, topology, current, burst_s)]
     per_case: dict[str, float] = {}
 
     def factor(sel: Sequence[Case], which: str, base: Fit) -> float:
@@ -423,7 +494,9 @@ def fit(
                       alpha_cases=per_case, rounds=rounds)  # fmt: skip
         if share_cases:
             new = replace(new, downstream_share=fit_share(share_cases, topology, new, burst_s, statistic))
-        keys = ("alpha_s", "duplex_factor", "simplex_factor", "gather_factor", "downstream_share")
+        if overflow_cases:
+            new = replace(new, overflow_factor=fit_overflow(overflow_cases, topology, new, burst_s, statistic))
+        keys = ("alpha_s", "duplex_factor", "simplex_factor", "gather_factor", "downstream_share", "overflow_factor")
         settled = all(
             abs((getattr(new, k) or 0) - (getattr(current, k) or 0))
             <= rtol * max(abs(getattr(new, k) or 0), 1e-12)
@@ -433,6 +506,14 @@ def fit(
         if settled:
             break
     return current
+
+
+def fit_testbed(cases: Sequence[Case], testbed: TestbedDescription, *, overflow: bool = True, **kw: Any) -> Fit:
+    """:func:`fit` on ``testbed``'s topology with its shapers' burst and, unless ``overflow`` is
+    False (the model before queue overflow), its :func:`overflow_queues`: what ``igsim calibrate``
+    and ``igsim validate-report`` fit."""
+    queues = overflow_queues(testbed) if overflow else None
+    return fit(cases, testbed_topology(testbed), burst_s=testbed.burst_s, overflow_queues=queues, **kw)
 
 
 def _check_statistic(statistic: str) -> None:
@@ -463,6 +544,31 @@ def _depends_on_share(case: Case, topology: Topology, burst_s: float) -> bool:
     one = predict_case(case, topology, base, burst_s=burst_s)
     half = predict_case(case, topology, replace(base, downstream_share=0.5), burst_s=burst_s)
     return abs(half - one) > 1e-6 * max(one, 1e-12)
+
+
+def _overflows(case: Case, topology: Topology, base: Fit, burst_s: float) -> bool:
+    """Whether a message of ``case``'s schedule overflows one of ``base``'s queues (its prediction
+    moves with the overflow factor)."""
+    if not base.overflow_queues:
+        return False
+    ideal = replace(base, alpha_s=0.0, duplex_factor=1.0, simplex_factor=1.0, gather_factor=None, overflow_factor=1.0)
+    one = predict_case(case, topology, ideal, burst_s=burst_s)
+    half = predict_case(case, topology, replace(ideal, overflow_factor=0.5), burst_s=burst_s)
+    return abs(half - one) > 1e-6 * max(one, 1e-12)
+
+
+def fit_overflow(cases: Sequence[Case], topology: Topology, base: Fit, burst_s: float, statistic: str) -> float:
+    """Least squares on relative error over ``cases`` for the overflow factor, in [0.2, 1]."""
+
+    def loss(factor: float) -> float:
+        f = replace(base, overflow_factor=factor)
+        return sum(
+            ((predict_case(c, topology, f, burst_s=burst_s) - c.time_s(statistic)) / c.time_s(statistic)) ** 2
+            for c in cases
+        )
+
+    res = optimize.minimize_scalar(loss, bounds=(0.2, 1.0), method="bounded", options={"xatol": 1e-10})
+    return min((float(res.x), 1.0), key=loss)  # the bounded search never lands on its bound: try 1
 
 
 def fit_share(cases: Sequence[Case], topology: Topology, base: Fit, burst_s: float, statistic: str) -> float:
@@ -600,6 +706,9 @@ def build_report(
             "duplex_factor": fit_.duplex_factor,
             "simplex_factor": fit_.simplex_factor,
             "gather_factor": fit_.gather_factor,
+            "downstream_share": fit_.downstream_share,
+            "overflow_factor": fit_.overflow_factor,
+            "overflow_queues": dict(fit_.overflow_queues),
             "alpha_cases": dict(fit_.alpha_cases),
             "rounds": fit_.rounds,
         },

@@ -23,7 +23,7 @@ TESTBEDS = ("star", "two-level", "hetero", "ring")
 
 def _report(fit_on: Path, predict: Path) -> dict:
     tb_a, cases_a, _ = v.load_measurements(v.measurement_path(fit_on))
-    fit = v.fit(cases_a, v.testbed_topology(tb_a), burst_s=tb_a.burst_s)
+    fit = v.fit_testbed(cases_a, tb_a)  # what igsim calibrate fits
     tb, cases, _ = v.load_measurements(v.measurement_path(predict))
     return v.build_report(cases, v.testbed_topology(tb), fit, burst_s=tb.burst_s,
                           roles=(v.CALIBRATION, v.VALIDATION))  # fmt: skip
@@ -248,11 +248,14 @@ def test_each_topology_ships_the_fit_of_its_named_runs(testbed, nic_queue):
     for run in runs:
         assert str(run.relative_to(RUNS.parents[2])) in shipped.source
     assert v.testbed_kind(tb) == testbed
-    own = v.fit(cases, v.testbed_topology(tb), burst_s=tb.burst_s)
+    # the files of the earlier testbed are kept as they were shipped: fitted before queue overflow
+    own = v.fit_testbed(cases, tb, overflow=nic_queue == "4MiB")
     default = v.Fit.from_calibration(shipped)
     for op in ("all_reduce", "all_gather", "p2p"):
         assert default.factor(op) == pytest.approx(own.factor(op), rel=1e-9)
     assert default.downstream_share == pytest.approx(own.downstream_share, rel=1e-9)
+    assert default.overflow_factor == pytest.approx(own.overflow_factor, rel=1e-9)
+    assert default.overflow_queues == own.overflow_queues
 
 
 def test_the_current_testbed_is_the_default_and_a_negative_nic_queue_is_refused():
@@ -354,7 +357,8 @@ SUITE_I_TRANSFER_WORST_MISSES = {  # IA's own fit predicts IB
     "two-level": "reduce_scatter 1 MiB -15.9 % (mean 5.2 % missed too)",
     "ring": "sparse gather skew 512 KiB -13.8 %, broadcast 1 MiB 97 ms against IA's 86 ms",
 }
-SUITE_I_TRANSFER_MEAN_MISSES = {"two-level": "mean 5.2 %: reduce_scatter 1 MiB -15.9 % alone adds 0.8 point"}
+# (the two-level mean, 5.2 % before the uplink's queue overflow was modelled, meets since: 4.x %)
+SUITE_I_TRANSFER_MEAN_MISSES: dict[str, str] = {}
 
 
 def _xfail_if(missed: dict, key, *values):
@@ -429,11 +433,11 @@ def test_each_nic_125kB_calibration_predicts_set_j_within_both_targets(run, test
 
 # Set K (2026-12-07 07:03-07:15, 1-min load 0.5-2.6 with nothing else running), the same suite on the
 # 4 MiB NIC queues, measured after the set-J fits were committed as the shipped files (d659f5a): out
-# of sample for them. Misses, with the measured numbers (docs/validation.md, *Set K*):
-SET_K_SHIPPED_WORST_MISSES = {
-    ("KA", "two-level"): "all_reduce 1 MiB across the uplink -12.1 % (KA's own fit: -11.4 %)",
-    ("KB", "two-level"): "reduce_scatter 4 MiB across the uplink -10.1 % (KA's fit: -9.5 %)",
-}
+# of sample for them. The two-level worst cases (all-reduce 1 MiB -12.1 %, reduce-scatter 4 MiB -10.1 %
+# with the file fitted before the uplink's queue overflow was modelled) meet since that model (its
+# factor refitted on set J alone; set K showed the misses it was built for, so for that model element
+# set K is not blind: set L is, docs/validation.md).
+SET_K_SHIPPED_WORST_MISSES: dict[tuple[str, str], str] = {}
 SET_K = [(r, t) for r in ("KA", "KB") for t in TESTBEDS]
 
 

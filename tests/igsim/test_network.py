@@ -310,3 +310,57 @@ def test_downstream_share_is_checked_and_round_trips(tmp_path):
     cal.save(tmp_path / "c.json")
     assert Calibration.load(tmp_path / "c.json").downstream_share == 0.62
     assert "downstream_share" not in Calibration().to_dict()  # files without it read as plain max-min
+
+
+# -- queue overflow at a step-down link -------------------------------------------------------
+
+
+def _two_level(queue_bytes: float | None, factor: float) -> tuple:
+    from igsim.studies.validation import TestbedDescription, testbed_topology
+
+    topo = testbed_topology(TestbedDescription(num_ranks=4, rate_bytes_per_s=2e6, two_level=True,
+                                               uplink_rate_bytes_per_s=1e6))  # fmt: skip
+    up = LinkCalibration(queue_bytes=queue_bytes, overflow_factor=factor)
+    return topo, Calibration(link_classes={"uplink": up})
+
+
+@pytest.mark.parametrize(("src", "dst", "size", "expected"), [
+    ("r1", "r2", 99_999.0, 99_999.0 / 1e6),  # under 2 x 100 kB x (1 - 1/2) = 100 kB: no overflow
+    ("r1", "r2", 100_000.0, 100_000.0 / 0.8 / 1e6),  # from there on: size / 0.8 at the uplink's rate
+    ("r2", "r1", 300_000.0, 300_000.0 / 0.8 / 1e6),  # either direction of the uplink
+    ("r0", "r1", 300_000.0, 300_000.0 / 2e6),  # a local message never meets the uplink
+])  # fmt: skip
+def test_a_message_that_overflows_a_step_down_queue_occupies_its_links_longer(src, dst, size, expected):
+    topo, cal = _two_level(100_000.0, 0.8)
+    env = simpy.Environment()
+    net = Network(env, topo, calibration=cal)
+    env.run(net.transfer(src, dst, size))
+    assert _close(env.now, expected)
+    assert net.bytes_delivered == size  # the payload, not the link work
+
+
+def test_without_a_faster_link_before_it_a_slow_link_does_not_overflow():
+    """A sender behind its own slow NIC is backpressured by it (no queue builds further on)."""
+    topo = star(num_ranks=2, bandwidth_bytes_per_s=2e6, latency_s=0.0,
+                link_overrides={("r0", "sw"): {"bandwidth_bytes_per_s": 1e6}})  # fmt: skip
+    slow = Calibration(link_classes={"nic": LinkCalibration(queue_bytes=1.0, overflow_factor=0.5)})
+    for src, dst, t in (("r0", "r1", 1.0), ("r1", "r0", 2.0)):  # r1 -> sw (2e6) -> r0 (1e6) steps down
+        env = simpy.Environment()
+        net = Network(env, topo, calibration=slow)
+        env.run(net.transfer(src, dst, 1e6))
+        assert _close(env.now, t)
+
+
+def test_overflow_settings_are_checked_and_round_trip(tmp_path):
+    with pytest.raises(ValueError, match="needs the queue"):
+        LinkCalibration(overflow_factor=0.9)
+    with pytest.raises(ValueError, match=r"overflow_factor=1\.5 must be in \(0, 1\]"):
+        LinkCalibration(queue_bytes=1e5, overflow_factor=1.5)
+    with pytest.raises(ValueError, match="queue_bytes=-1"):
+        LinkCalibration.from_dict({"queue_bytes": -1, "overflow_factor": 0.9}, where="x")
+    _, cal = _two_level(125_000.0, 0.92)
+    cal.save(tmp_path / "c.json")
+    back = Calibration.load(tmp_path / "c.json").for_class("uplink")
+    assert (back.queue_bytes, back.overflow_factor, back.overflows) == (125_000.0, 0.92, True)
+    assert not LinkCalibration(queue_bytes=1e5).overflows  # a queue with a factor of 1 costs nothing
+    assert "queue_bytes" not in LinkCalibration().to_dict()

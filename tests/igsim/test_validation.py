@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -292,3 +293,53 @@ def test_without_a_case_that_depends_on_it_the_share_stays_as_given():
     got = v.fit(_cases(truth, STAR), v.testbed_topology(STAR), burst_s=STAR.burst_s, downstream_share=0.7)
     assert got.downstream_share == 0.7
     assert got.simplex_factor == pytest.approx(truth.simplex_factor, rel=1e-6)
+
+
+# The two-level testbed as igrt validate builds it now: a 50 Mbit/s uplink behind 100 Mbit/s rank
+# links, its tbf queue 20 ms = 125 kB. A message crossing it overflows that queue from
+# 125 kB / (2 x (1 - 0.5)) = 125 kB on (igsim.net.network: two messages of a connection in flight).
+TWO_LEVEL_Q = v.TestbedDescription(
+    num_ranks=4, rate_bytes_per_s=12.5e6, two_level=True, uplink_rate_bytes_per_s=6.25e6,
+    queue_s=0.01, queue_min_bytes=125_000, queues_s={"1.25e+07": 0.01, "6.25e+06": 0.02},
+)  # fmt: skip
+
+
+def test_only_a_step_down_link_has_a_queue_to_overflow():
+    assert v.overflow_queues(TWO_LEVEL_Q) == {"uplink": pytest.approx(125_000)}
+    assert v.overflow_queues(replace(TWO_LEVEL_Q, queues_s=None)) == {"uplink": pytest.approx(125_000)}
+    assert v.overflow_queues(replace(TWO_LEVEL_Q, uplink_rate_bytes_per_s=None)) == {}  # no slower uplink
+    assert v.overflow_queues(STAR) == {} and v.overflow_queues(HETERO) == {}
+
+
+@pytest.mark.parametrize("factor", [0.9, 0.75])
+def test_a_fit_recovers_the_overflow_factor_from_cases_on_both_sides_of_the_queue(factor):
+    """512 KiB rings (64 KiB segments) stay under the uplink's queue, 2 MiB ones (256 KiB) overflow
+    it: together they separate the bandwidth factors from the overflow factor."""
+    queues = v.overflow_queues(TWO_LEVEL_Q)
+    truth = v.Fit(alpha_s=4.2e-4, duplex_factor=0.93, simplex_factor=0.96, gather_factor=0.88,
+                  overflow_factor=factor, overflow_queues=queues)  # fmt: skip
+    topo = v.testbed_topology(TWO_LEVEL_Q)
+    extra = [v.Case(name=f"{op}-512KiB", op=op, role="calibration", times_s=(1.0,), size_bytes=512 * KiB)
+             for op in ("all_reduce", "all_gather")]  # fmt: skip
+    cases = _cases(truth, TWO_LEVEL_Q) + [
+        replace(c, times_s=(v.predict_case(c, topo, truth, burst_s=TWO_LEVEL_Q.burst_s),)) for c in extra
+    ]
+    got = v.fit_testbed(cases, TWO_LEVEL_Q)
+    assert got.overflow_factor == pytest.approx(factor, rel=1e-5)
+    assert got.duplex_factor == pytest.approx(truth.duplex_factor, rel=1e-5)
+    assert got.gather_factor == pytest.approx(truth.gather_factor, rel=1e-5)
+    back = v.Fit.from_calibration(got.calibration(topo))
+    assert back.overflow_factor == got.overflow_factor and back.overflow_queues == queues
+    # without the overflow (the model before it) the fit cannot match both sizes
+    old = v.fit_testbed(cases, TWO_LEVEL_Q, overflow=False)
+    assert old.overflow_factor == 1.0 and old.overflow_queues == {}
+    worst = max(abs(r["error"]) for r in v.build_report(cases, topo, old, roles=("calibration",))["cases"]
+                if r["size_bytes"] >= 512 * KiB)  # fmt: skip
+    assert worst > 0.02
+
+
+def test_a_star_fit_has_no_overflow_term():
+    truth = v.Fit(alpha_s=4.2e-4, duplex_factor=0.87, simplex_factor=0.955)
+    got = v.fit_testbed(_cases(truth, STAR), STAR)
+    assert got.overflow_factor == 1.0 and got.overflow_queues == {}
+    assert got == v.fit(_cases(truth, STAR), v.testbed_topology(STAR), burst_s=STAR.burst_s)
