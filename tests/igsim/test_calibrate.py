@@ -463,3 +463,53 @@ def test_each_shipped_calibration_predicts_set_k_worst_within_target(run, testbe
 def test_set_k_round_a_fit_predicts_round_b_within_both_targets(testbed):
     d = _report(RUNS / f"KA-{testbed}", RUNS / f"KB-{testbed}")["collectives_large"]
     assert d["num_cases"] >= 16 and d["meets_mean"] and d["meets_worst"], d
+
+
+# Set L (2026-12-07 10:31-10:43, 1-min load 0.1-1.0, nothing else running): a collectives-only suite
+# measured after the uplink's queue overflow was modelled and the two-level file refitted on set J
+# (2336b87, 10:29): blind for every shipped file and for that model. One miss, with its numbers:
+SET_L = [(r, t) for r in ("LA", "LB") for t in TESTBEDS]
+SET_L_SHIPPED_WORST_MISSES = {
+    ("LA", "ring"): "broadcast 4 MiB -29.6 %: reps 355-586 ms, against 349-360 ms in every rep of "
+                    "JA, JB, KA, KB and LB (cause not found)",
+}  # fmt: skip
+
+
+def test_set_l_ran_after_the_overflow_model_was_shipped():
+    for run, testbed in SET_L:
+        tb, _, raw = v.load_measurements(v.measurement_path(RUNS / f"{run}-{testbed}"))
+        assert v.testbed_kind(tb) == testbed and tb.host_queue_bytes == 4 * 2**20
+        assert raw["date"] >= "2026-12-07 10:31", raw["date"]  # 2336b87: 2026-12-07 10:29
+    assert Calibration.testbed_default("two-level").for_class("uplink").overflows
+
+
+@pytest.mark.parametrize(("run", "testbed"), SET_L)
+def test_each_shipped_calibration_predicts_set_l_mean_within_target(run, testbed, capsys):
+    assert _set_i_shipped(run, testbed, capsys)["meets_mean"]
+
+
+@pytest.mark.parametrize(("run", "testbed"), [_xfail_if(SET_L_SHIPPED_WORST_MISSES, k, *k) for k in SET_L])
+def test_each_shipped_calibration_predicts_set_l_worst_within_target(run, testbed, capsys):
+    d = _set_i_shipped(run, testbed, capsys)
+    assert d["meets_worst"], (d["worst_case"], d["worst_error"])
+
+
+@pytest.mark.parametrize("run", ["LA", "LB"])
+def test_without_the_overflow_the_two_level_file_misses_set_l(run, tmp_path, capsys):
+    """The same pooled set-J fit without the overflow term (``--no-overflow``, the model before it)
+    misses the worst case on both rounds of set L, where the shipped file meets it."""
+    old = tmp_path / "old.json"
+    runs = [str(RUNS / r) for r in SHIPPED_FROM["two-level"]]
+    assert igsim_main(["calibrate", *runs, "--no-overflow", "-o", str(old)]) == 0
+    capsys.readouterr()
+    assert not Calibration.load(old).for_class("uplink").overflows
+    before = _set_i_shipped(run, "two-level", capsys, calibration=str(old))
+    after = _set_i_shipped(run, "two-level", capsys)
+    assert not before["meets_worst"] and after["meets_worst"], (before, after)
+    assert abs(after["worst_error"]) < abs(before["worst_error"]) and after["mape"] < before["mape"]
+
+
+@pytest.mark.parametrize("testbed", TESTBEDS)
+def test_set_l_round_a_fit_predicts_round_b_within_both_targets(testbed):
+    d = _report(RUNS / f"LA-{testbed}", RUNS / f"LB-{testbed}")["collectives_large"]
+    assert d["num_cases"] >= 16 and d["meets_mean"] and d["meets_worst"], d
