@@ -559,30 +559,29 @@ def _overflows(case: Case, topology: Topology, base: Fit, burst_s: float) -> boo
 
 def fit_overflow(cases: Sequence[Case], topology: Topology, base: Fit, burst_s: float, statistic: str) -> float:
     """Least squares on relative error over ``cases`` for the overflow factor, in [0.2, 1]."""
-
-    def loss(factor: float) -> float:
-        f = replace(base, overflow_factor=factor)
-        return sum(
-            ((predict_case(c, topology, f, burst_s=burst_s) - c.time_s(statistic)) / c.time_s(statistic)) ** 2
-            for c in cases
-        )
-
-    res = optimize.minimize_scalar(loss, bounds=(0.2, 1.0), method="bounded", options={"xatol": 1e-10})
-    return min((float(res.x), 1.0), key=loss)  # the bounded search never lands on its bound: try 1
+    return _fit_up_to_one(cases, topology, base, "overflow_factor", 0.2, burst_s, statistic)
 
 
 def fit_share(cases: Sequence[Case], topology: Topology, base: Fit, burst_s: float, statistic: str) -> float:
     """Least squares on relative error over ``cases`` for the downstream share, in [0.05, 1]."""
+    return _fit_up_to_one(cases, topology, base, "downstream_share", 0.05, burst_s, statistic)
 
-    def loss(share: float) -> float:
-        f = replace(base, downstream_share=share)
+
+def _fit_up_to_one(
+    cases: Sequence[Case], topology: Topology, base: Fit, which: str, low: float, burst_s: float, statistic: str
+) -> float:
+    """Least squares on relative error over ``cases`` for the Fit field ``which`` in [``low``, 1]
+    (1: the term has no effect)."""
+
+    def loss(value: float) -> float:
+        f = replace(base, **{which: value})
         return sum(
             ((predict_case(c, topology, f, burst_s=burst_s) - c.time_s(statistic)) / c.time_s(statistic)) ** 2
             for c in cases
         )
 
-    res = optimize.minimize_scalar(loss, bounds=(0.05, 1.0), method="bounded", options={"xatol": 1e-10})
-    return min((float(res.x), 1.0), key=loss)  # the bounded search never lands on its bound: try 1 (max-min)
+    res = optimize.minimize_scalar(loss, bounds=(low, 1.0), method="bounded", options={"xatol": 1e-10})
+    return min((float(res.x), 1.0), key=loss)  # the bounded search never lands on its bound: try 1
 
 
 def _fit_factor(
