@@ -399,8 +399,8 @@ def overflow_queues(tb: TestbedDescription) -> dict[str, float]:
     (:mod:`igsim.net.network`): the two-level testbed's uplink, when it is slower than the rank
     links (its tbf queue: ``queues_s`` at its rate where recorded, else ``queue_s`` of traffic and
     at least ``queue_min_bytes``). Empty for the other testbeds: a star's or a ring's links all run
-    at one rate, and on the slow-NIC testbed the step-down is a rank link of the same class as the
-    others (not modelled there)."""
+    at one rate, and on the slow-NIC testbed, whose switch port into the slow NIC is a step-down
+    too, the factor fitted there is 0.96-1.00 and improves no prediction (docs/validation.md)."""
     if not tb.two_level:
         return {}
     rate = float(tb.uplink_rate_bytes_per_s or tb.rate_bytes_per_s)
