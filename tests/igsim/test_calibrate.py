@@ -459,14 +459,14 @@ SET_L_SHIPPED_WORST_MISSES = {
 
 
 def test_set_l_ran_after_the_overflow_model_was_shipped():
-    for run, testbed in SET_L:
+    for run, testbed in SET_L + SET_M:
         tb, _, raw = v.load_measurements(v.measurement_path(RUNS / f"{run}-{testbed}"))
         assert v.testbed_kind(tb) == testbed and tb.host_queue_bytes == 4 * 2**20
         assert raw["date"] >= "2026-12-07 10:31", raw["date"]  # 2336b87: 2026-12-07 10:29
     assert Calibration.testbed_default("two-level").for_class("uplink").overflows
 
 
-@pytest.mark.parametrize("run", ["LA", "LB"])
+@pytest.mark.parametrize("run", ["LA", "LB", "MA", "MB"])
 def test_without_the_overflow_the_two_level_file_misses_set_l(run, tmp_path, capsys):
     """The same pooled set-J fit without the overflow term (``--no-overflow``, the model before it)
     misses the worst case on both rounds of set L, where the shipped file meets it."""
@@ -481,12 +481,24 @@ def test_without_the_overflow_the_two_level_file_misses_set_l(run, tmp_path, cap
     assert abs(after["worst_error"]) < abs(before["worst_error"]) and after["mape"] < before["mape"]
 
 
-# Sets K and L, the fresh suites on the 4 MiB NIC queues, each judged the same way
-SETS_KL = SET_K + SET_L
-SETS_KL_WORST_MISSES = {**SET_K_SHIPPED_WORST_MISSES, **SET_L_SHIPPED_WORST_MISSES}
+# Set M (2026-12-07 11:25-11:37, load 0.4-1.8, nothing else running, CPU steal 20 s): the same
+# suite again, 40 minutes after set L. Round B's slow-NIC and ring runs have slow, spread reps in a
+# few cases (ring sparse gather zero 512 KiB 118-169 ms against 89-94 ms in round A):
+SET_M = [(r, t) for r in ("MA", "MB") for t in TESTBEDS]
+SET_M_SHIPPED_MEAN_MISSES = {("MB", "ring"): "mean 6.0 %: the zero-skew 512 KiB sparse gather -36.2 % alone adds 1.8 points"}
+SET_M_SHIPPED_WORST_MISSES = {
+    ("MA", "star"): "broadcast 1 MiB +10.2 % (missed by 0.2 point)",
+    ("MB", "hetero"): "all_gather 1 MiB -19.4 %: reps 328-423 ms against 289-329 ms (one 486) in round A",
+    ("MB", "ring"): "sparse gather zero 512 KiB -36.2 %: reps 118-169 ms against 89-94 ms in round A",
+}
+SET_M_TRANSFER_MISSES = {"hetero": "all_gather 1 MiB -20.8 % (mean 5.3 %)", "ring": "sparse gather zero 512 KiB -36.4 % (mean 6.1 %)"}
+
+# Sets K, L and M, the fresh suites on the 4 MiB NIC queues, each judged the same way
+SETS_KL = SET_K + SET_L + SET_M
+SETS_KL_WORST_MISSES = {**SET_K_SHIPPED_WORST_MISSES, **SET_L_SHIPPED_WORST_MISSES, **SET_M_SHIPPED_WORST_MISSES}
 
 
-@pytest.mark.parametrize(("run", "testbed"), SETS_KL)
+@pytest.mark.parametrize(("run", "testbed"), [_xfail_if(SET_M_SHIPPED_MEAN_MISSES, k, *k) for k in SETS_KL])
 def test_each_shipped_calibration_predicts_sets_k_and_l_mean_within_target(run, testbed, capsys):
     assert _set_i_shipped(run, testbed, capsys)["meets_mean"]
 
@@ -497,8 +509,10 @@ def test_each_shipped_calibration_predicts_sets_k_and_l_worst_within_target(run,
     assert d["meets_worst"], (d["worst_case"], d["worst_error"])
 
 
-@pytest.mark.parametrize("testbed", TESTBEDS)
-@pytest.mark.parametrize("suite", ["K", "L"])
+@pytest.mark.parametrize(
+    ("suite", "testbed"),
+    [_xfail_if(SET_M_TRANSFER_MISSES if suite == "M" else {}, t, suite, t) for suite in "KLM" for t in TESTBEDS],
+)
 def test_sets_k_and_l_round_a_fit_predicts_round_b_within_both_targets(suite, testbed):
     d = _report(RUNS / f"{suite}A-{testbed}", RUNS / f"{suite}B-{testbed}")["collectives_large"]
     assert d["num_cases"] >= 16 and d["meets_mean"] and d["meets_worst"], d
