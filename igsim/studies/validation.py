@@ -406,13 +406,8 @@ def overflow_queues(tb: TestbedDescription) -> dict[str, float]:
     rate = float(tb.uplink_rate_bytes_per_s or tb.rate_bytes_per_s)
     if rate >= float(tb.rate_bytes_per_s):
         return {}
-    queue_s = None
-    for k, q in (tb.queues_s or {}).items():
-        if math.isclose(float(k), rate, rel_tol=1e-6):
-            queue_s = float(q)
-    if queue_s is None:
-        return {"uplink": max(tb.queue_s * rate, float(tb.queue_min_bytes))}
-    return {"uplink": queue_s * rate}
+    recorded = [float(q) for k, q in (tb.queues_s or {}).items() if math.isclose(float(k), rate, rel_tol=1e-6)]
+    return {"uplink": recorded[0] * rate if recorded else max(tb.queue_s * rate, float(tb.queue_min_bytes))}
 
 
 def predict_case(case: Case, topology: Topology, fit_: Fit, *, burst_s: float = 0.0) -> float:
@@ -540,10 +535,8 @@ def _solve_alpha(case: Case, topology: Topology, base: Fit, burst_s: float, stat
 def _depends_on_share(case: Case, topology: Topology, burst_s: float) -> bool:
     """Whether ``case``'s prediction moves with the downstream share (some flow of its schedule
     shares a link with one that a slower link limits further on)."""
-    base = Fit(alpha_s=0.0, duplex_factor=1.0, simplex_factor=1.0)
-    one = predict_case(case, topology, base, burst_s=burst_s)
-    half = predict_case(case, topology, replace(base, downstream_share=0.5), burst_s=burst_s)
-    return abs(half - one) > 1e-6 * max(one, 1e-12)
+    return _moves_with(case, topology, Fit(alpha_s=0.0, duplex_factor=1.0, simplex_factor=1.0), "downstream_share",
+                       burst_s)  # fmt: skip
 
 
 def _overflows(case: Case, topology: Topology, base: Fit, burst_s: float) -> bool:
@@ -551,9 +544,15 @@ def _overflows(case: Case, topology: Topology, base: Fit, burst_s: float) -> boo
     moves with the overflow factor)."""
     if not base.overflow_queues:
         return False
-    ideal = replace(base, alpha_s=0.0, duplex_factor=1.0, simplex_factor=1.0, gather_factor=None, overflow_factor=1.0)
-    one = predict_case(case, topology, ideal, burst_s=burst_s)
-    half = predict_case(case, topology, replace(ideal, overflow_factor=0.5), burst_s=burst_s)
+    ideal = Fit(alpha_s=0.0, duplex_factor=1.0, simplex_factor=1.0, overflow_queues=base.overflow_queues)
+    return _moves_with(case, topology, ideal, "overflow_factor", burst_s)
+
+
+def _moves_with(case: Case, topology: Topology, base: Fit, which: str, burst_s: float) -> bool:
+    """Whether ``case``'s prediction under ``base`` changes when the Fit field ``which`` (1 in
+    ``base``: no effect) is halved."""
+    one = predict_case(case, topology, base, burst_s=burst_s)
+    half = predict_case(case, topology, replace(base, **{which: 0.5}), burst_s=burst_s)
     return abs(half - one) > 1e-6 * max(one, 1e-12)
 
 
