@@ -20,7 +20,7 @@ post-training: held-out loss), every method below trains ``--steps`` steps under
 Methods (``--policies``; all of them by default): ``dense``; ``topk`` (Top-k+EF at ``--density``);
 ``topk_equal`` (Top-k+EF thinned to the knee plan's expected bytes); ``topk_quarter`` (thinned to
 0.25 x its bytes, the bytes target); ``importance`` (the knee plan of
-the workload's trace); three split controls derived in code from that plan (:func:`control_plans`):
+the workload's trace); three split controls derived in code from that plan (:func:`igpolicy.controls.split_controls`):
 ``all_low`` (every unpinned component low), ``random`` (a random split with the important set's
 bytes), ``swapped`` (the lowest-scored components, as many bytes as the important set, sent every
 step); ``powersgd1`` / ``powersgd2`` (PyTorch's ``powerSGD_hook`` through ``igrt bench``'s code
@@ -82,6 +82,7 @@ import numpy as np
 
 from experiments import common
 from experiments.common import REPO, Study, mean_std
+from igpolicy.controls import split_controls
 
 # in the order they train (a stopped study has the most telling comparisons first)
 POLICIES = (
@@ -107,6 +108,9 @@ POLICIES = (
     "imp_online_r8_thin_w10",
     "imp_online_r7_thin_w10",
     "imp_online_r8_thin_w10_fresh_cap",
+    "imp_online_r8_thin_swapped",
+    "imp_online_r8_thin_random",
+    "imp_online_r8_thin_all_low",
 )
 QUICK_POLICIES = ("topk", "importance")
 LABELS = {
@@ -132,6 +136,9 @@ LABELS = {
     "imp_online_r8_thin_w10": "importance, online R = 8, thinned, re-planned every 10 steps on 10-step windows",
     "imp_online_r7_thin_w10": "importance, online R = 7, thinned, re-planned every 10 steps on 10-step windows",
     "imp_online_r8_thin_w10_fresh_cap": "importance, online R = 8, thinned, 10-step re-plans, fresh head sent, capped at 0.16 x",
+    "imp_online_r8_thin_swapped": "online R = 8, thinned, every re-plan swapped (lowest scores sent)",
+    "imp_online_r8_thin_random": "online R = 8, thinned, every re-plan a size-matched random split",
+    "imp_online_r8_thin_all_low": "online R = 8, thinned, every re-plan all-low",
 }
 # Top-k+EF thinned to a share of its bytes: the knee plan's expected share (None: derived from the
 # plan) or a fixed one (the bytes target's 0.25 x)
@@ -177,6 +184,12 @@ VARIANTS = {
          "--fresh", "auto", "--max-share", "0.16"),
         8,
     ),
+    # the split controls of the thinned online run (igpolicy.controls): every re-plan's important set
+    # replaced, the all-send start and the thinning unchanged
+    **{
+        f"imp_online_r8_thin_{c}": (None, ("--online-profile", "--low-mode", "thin", "--online-control", c), 8)
+        for c in ("swapped", "random", "all_low")
+    },
 }
 PLAN_POLICIES = ("importance", "all_low", "random", "swapped")  # their own plans (the knee plan, controls)
 QUALITY = {"minilm": ("accuracy", +1), "gpt": ("loss", -1)}  # metric, +1 = higher is better
@@ -198,74 +211,6 @@ SUMMARY_NAME, MARK_NAME = "summary.json", "protocol_run.json"
 # study survives the loss of its ``--runs`` cache (checkpoints, logs) and resumes from a fresh checkout
 RECORD_FILES = (SUMMARY_NAME, MARK_NAME, "metrics.csv")  # metrics.csv is kept gzipped: metrics.csv.gz
 RECORDS_DIR = "run-records"
-
-
-# ------------------------------------------------------------------------------------ controls
-
-
-def control_plans(plan: Any, *, seed: int = 0) -> dict[str, Any]:
-    """The split controls of ``plan`` (an :class:`igpolicy.plan.SyncPlan`), each a SyncPlan over the
-    same components, release period and settings; pinned components stay pinned.
-
-    - ``all_low``: every important component low;
-    - ``random``: a random set of components (``seed``) with about the important set's expected bytes
-      important, the rest low (re-drawn while it equals the real split);
-    - ``swapped``: the lowest-scored components, filled up to the important set's expected bytes,
-      important; the rest (the real important set among them) low.
-
-    Low components get release phases of equal expected bytes (:func:`igpolicy.schedule.assign_phases`).
-    """
-    from igpolicy.vocab import ComponentClass
-
-    movable = [c for c in plan.components if c.cls != ComponentClass.PINNED]
-    target = sum(c.expected_bytes for c in movable if c.cls == ComponentClass.IMPORTANT)
-    real = frozenset(c.key for c in movable if c.cls == ComponentClass.IMPORTANT)
-    rng = np.random.default_rng(seed)
-    random_set: frozenset[str] = real
-    for _ in range(100):
-        order = [movable[i] for i in rng.permutation(len(movable))]
-        random_set = _fill(order, target)
-        if random_set != real or len(movable) < 2:
-            break
-    by_score = sorted(movable, key=lambda c: (c.score, c.key))
-    return {
-        "all_low": _with_important(plan, frozenset(), control="all_low"),
-        "random": _with_important(plan, random_set, control=f"random(seed={seed})"),
-        "swapped": _with_important(plan, _fill(by_score, target), control="swapped"),
-    }
-
-
-def _fill(order: Sequence[Any], target: int) -> frozenset[str]:
-    """Components taken in ``order`` while each brings the total bytes closer to ``target``."""
-    chosen, total = [], 0
-    for c in order:
-        if abs(total + c.expected_bytes - target) < abs(total - target):
-            chosen.append(c.key)
-            total += c.expected_bytes
-    return frozenset(chosen)
-
-
-def _with_important(plan: Any, important: frozenset[str], *, control: str) -> Any:
-    from igpolicy.plan import ComponentPlan
-    from igpolicy.schedule import assign_phases
-    from igpolicy.vocab import ComponentClass
-
-    low = {
-        c.key: c.expected_bytes
-        for c in plan.components
-        if c.cls != ComponentClass.PINNED and c.key not in important
-    }
-    phases = assign_phases(low, num_phases=plan.release_period) if low else {}
-    components = []
-    for c in plan.components:
-        if c.cls == ComponentClass.PINNED:
-            components.append(c)
-        else:
-            cls = ComponentClass.LOW if c.key in low else ComponentClass.IMPORTANT
-            components.append(ComponentPlan(key=c.key, score=c.score, cls=cls, phase=phases.get(c.key),
-                                            expected_bytes=c.expected_bytes))  # fmt: skip
-    source = {**plan.source, "control": control, "derived_from": plan.fingerprint}
-    return dataclasses.replace(plan, components=tuple(components), source=source)
 
 
 # ------------------------------------------------------------------------------------ runs
@@ -568,7 +513,7 @@ def plan_for(study: Study, workload: str, *, tiny: bool, nproc: int, density: fl
 
     manifest = read_manifest(trace)
     plan, _, _ = common.profile(trace, release_period=release_period)
-    plans = {"importance": plan, **control_plans(plan, seed=0)}
+    plans = {"importance": plan, **split_controls(plan, seed=0)}
     paths = {tag: p.save(study.out / "plans" / f"{tag}.json") for tag, p in plans.items()}
     recorded_steps = common.num_steps(trace)
     num_params = int(manifest.extra.get("num_params", 0))

@@ -17,7 +17,7 @@ from igpolicy.limits import MAX_RELEASE_PERIOD
 from igpolicy.vocab import ComponentId, ComponentKind
 from igpolicy.wire import INDEX_WIDTHS, VALUE_WIDTHS
 
-__all__ = ["LOW_MODES", "POLICIES", "PolicyConfig", "check_keys"]
+__all__ = ["LOW_MODES", "POLICIES", "SPLIT_CONTROLS", "PolicyConfig", "check_keys"]
 
 POLICIES = ("dense", "topk", "adtopk", "importance", "periodic")
 SPARSIFIERS = ("topk", "adtopk", "threshold", "randomk", "none")
@@ -25,6 +25,7 @@ PACKINGS = ("ddp", "round_robin", "lpt", "kk")
 COLLECTIVES = ("auto", "sparse", "dense")
 NONFINITE = ("skip", "error")  # what a non-finite local gradient does
 LOW_MODES = ("hold", "thin")  # how low components send (PolicyConfig.low_mode)
+SPLIT_CONTROLS = ("all_low", "random", "swapped")  # igpolicy.controls (PolicyConfig.online_control)
 
 # removed key -> what replaced it (shown in the error)
 REMOVED_POLICY_KEYS: dict[str, str] = {
@@ -128,6 +129,10 @@ class PolicyConfig:
       component sending every step (:func:`igpolicy.profile.build_plan`: the threshold raised, the
       lowest-scored important components made low, until the plan fits; 0: no cap). Needs online
       profiling; for an offline plan give ``igsim profile --max-share``.
+    - ``online_control``: a split control for experiments (:mod:`igpolicy.controls`: ``swapped``,
+      ``random``, ``all_low``; "" off): every online re-plan's important set is replaced by the
+      control's, same bytes where it keeps any, seeded by ``seed`` and the re-plan's step. It asks
+      whether the profiler's choice of components matters, not only the bytes. Needs online profiling.
     """
 
     policy: str = "importance"
@@ -154,6 +159,7 @@ class PolicyConfig:
     replan_every: int = 0
     max_share: float = 0.0
     low_mode: str = "hold"
+    online_control: str = ""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -226,7 +232,7 @@ class PolicyConfig:
         def is_number(v: object) -> bool:
             return isinstance(v, (int, float)) and not isinstance(v, bool)
 
-        for key in ("policy", "sparsifier", "packing", "collective", "nonfinite", "low_mode"):
+        for key in ("policy", "sparsifier", "packing", "collective", "nonfinite", "low_mode", "online_control"):
             if not isinstance(getattr(self, key), str):
                 raise bad(key, getattr(self, key), "must be a string")
         for key in (
@@ -279,6 +285,11 @@ class PolicyConfig:
                 "caps online re-plans and needs online profiling (replan_every >= 1); "
                 "cap an offline plan with igsim profile --max-share",
             )  # fmt: skip
+        if self.online_control:
+            if self.online_control not in SPLIT_CONTROLS:
+                raise bad("online_control", self.online_control, f"is not one of {', '.join(SPLIT_CONTROLS)} ('' off)")
+            if not self.replan_every:
+                raise bad("online_control", self.online_control, "replaces online re-plans and needs online profiling")
 
     @property
     def online_profiling(self) -> bool:

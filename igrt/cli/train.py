@@ -32,7 +32,7 @@ from typing import Any
 
 from igpolicy.cli_outputs import claim_output_dir
 from igpolicy.cli_util import add_deprecated_alias, reading
-from igpolicy.config import LOW_MODES, PACKINGS, POLICIES, SPARSIFIERS, PolicyConfig
+from igpolicy.config import LOW_MODES, PACKINGS, POLICIES, SPARSIFIERS, SPLIT_CONTROLS, PolicyConfig
 from igpolicy.limits import check_count
 from igpolicy.step_plan import INTEGRATIONS
 from igpolicy.wire import INDEX_WIDTHS, VALUE_WIDTHS
@@ -159,6 +159,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="policy importance: low components 'hold' in their residuals and release every R steps "
         "(default), or 'thin': send every step at density / R (the optimizer steps every component every step)",
     )
+    p.add_argument(
+        "--online-control",
+        choices=SPLIT_CONTROLS,
+        default=None,
+        help="experiments: replace every online re-plan's important set by a split control (swapped: the "
+        "lowest-scored components at the same bytes; random: a seeded random set at the same bytes; "
+        "all_low: none), to test whether the choice of components matters (igpolicy.controls)",
+    )
     p.add_argument("--tiny", action="store_true", help="tiny random-init model (tests, smoke runs)")
     p.add_argument("--seed", type=int, default=0, help="model, data and sparsifier seed (default 0)")
     p.add_argument(
@@ -243,6 +251,7 @@ def policy_config(args: argparse.Namespace) -> PolicyConfig:
         ("row_sparse_embeddings", args.row_sparse_embeddings),
         ("max_share", args.max_share),
         ("low_mode", args.low_mode),
+        ("online_control", args.online_control),
     ):
         if value is not None:
             data[key] = value

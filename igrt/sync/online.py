@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from igpolicy.controls import split_control
 from igpolicy.online import (
     AGREE_PARTS,
     AGREE_WIDTH,
@@ -163,6 +164,8 @@ class OnlineProfiler:
             boundary=boundary,
             max_share=self.sync.config.max_share or None,
         )
+        if self.sync.config.online_control:  # an experiment's split control: same on every rank
+            plan = split_control(plan, self.sync.config.online_control, seed=(self.sync.config.seed, boundary))
         parts = dict(zip(AGREE_PARTS, (plan.fingerprint[:AGREE_WIDTH], str(boundary))))
         if len(ops) > 1:  # more than one rank: agree on the plan
             run.tally.add(ops[1])

@@ -23,6 +23,7 @@ _FP_LEN = 16
 _ADDED_KEYS = {
     "catch_up": False, "nonfinite": "skip", "fresh_patterns": [], "dense_small_numel": 0, "warmup_steps": 0,
     "online_window": 0, "replan_every": 0, "max_share": 0.0, "density_per_component": {}, "low_mode": "hold",
+    "online_control": "",
 }  # fmt: skip
 
 

@@ -171,12 +171,12 @@ def _plan() -> SyncPlan:
 
 
 def test_split_controls_are_plans_derived_from_the_real_plan() -> None:
-    from experiments.protocol import control_plans
+    from igpolicy.controls import split_controls
 
     plan = _plan()
     target = sum(c.expected_bytes for c in plan.components if c.cls == ComponentClass.IMPORTANT)
     biggest = max(c.expected_bytes for c in plan.components)
-    controls = control_plans(plan, seed=3)
+    controls = split_controls(plan, seed=3)
     for name, p in controls.items():
         assert isinstance(p, SyncPlan) and p.release_period == plan.release_period
         assert [c.key for c in p.components] == [c.key for c in plan.components], name

@@ -148,10 +148,29 @@ def test_a_plan_that_differs_between_ranks_is_an_error_on_every_rank_not_a_hang(
 PLANTED = ("0.attn_q", "1.mlp_down")
 
 
-def _planted_worker(rank: int, world: int):
+def _control_worker(rank: int, world: int, control: str):
+    """The planted run under a split control; also the profiler's own plan that the control replaced."""
+    import igrt.sync.online as online
+
+    seen, derive = [], online.split_control
+
+    def spy(plan, name, *, seed):
+        seen.append((plan.to_json(), list(seed)))
+        return derive(plan, name, seed=seed)
+
+    online.split_control = spy
+    try:
+        plan, fingerprint = _planted_worker(rank, world, control)
+    finally:
+        online.split_control = derive
+    return plan, fingerprint, seen
+
+
+def _planted_worker(rank: int, world: int, control: str = ""):
     torch.manual_seed(0)
     model = TinyLM()
-    config = PolicyConfig(policy="importance", density=0.1, release_period=2, online_window=6, replan_every=6)
+    config = PolicyConfig(policy="importance", density=0.1, release_period=2, online_window=6, replan_every=6,
+                          online_control=control, low_mode="thin" if control else "hold")  # fmt: skip
     sync = Synchronizer(model, config=config, plan=None)
     fixed = {
         n: torch.randn(p.shape, generator=torch.Generator().manual_seed(7))
@@ -163,6 +182,8 @@ def _planted_worker(rank: int, world: int):
             noise = torch.randn(p.shape, generator=g)
             p.grad = 5.0 * fixed[name] + 0.1 * noise if sync.component[name] in PLANTED else 0.05 * noise
         sync.step()
+    if control:
+        return sync.plan.to_json(), sync.online.history[-1]["fingerprint"]
     return sorted(important_set(sync.plan)), sorted(sync.plan.low), sync.plan.fingerprint
 
 
@@ -171,6 +192,28 @@ def test_components_with_large_consistent_gradients_come_out_important(pool):
     assert fa == fb
     assert set(PLANTED) <= set(imp), (imp, low)
     assert len(low) >= len(imp)  # the noise components are held, not all sent
+
+
+@pytest.mark.parametrize("control", ["swapped", "random", "all_low"])
+def test_a_split_control_replaces_the_replan_alike_on_every_rank(pool, control):
+    from igpolicy.controls import split_control
+
+    (a, fa, seen_a), (b, fb, seen_b) = pool.run(_control_worker, args=(control,), timeout_s=60)
+    assert a == b and fa == fb and seen_a == seen_b  # every rank derived the same control plan
+    plan = SyncPlan.from_json(a)
+    [(own, seed)] = seen_a  # one re-plan (step 6), its seed: the run's seed and the boundary
+    assert seed == [0, 6] and plan.fingerprint == fa
+    real = SyncPlan.from_json(own)
+    assert plan.source["control"].startswith(control) and plan.source["derived_from"] == real.fingerprint
+    assert set(PLANTED) <= important_set(real)  # the profiler found the planted structure ...
+    imp = important_set(plan)
+    if control == "all_low":
+        assert not imp
+    else:  # ... and the control, size-matched, is never its choice
+        assert imp and imp != important_set(real)
+    if control == "swapped":  # the lowest-scored instead: the planted components are thinned
+        assert not set(PLANTED) & imp
+    assert split_control(real, control, seed=seed).fingerprint == fa  # igpolicy.controls' derivation
 
 
 # --------------------------------------------------------------------------- checkpoint and resume
