@@ -19,11 +19,13 @@ from igpolicy.vocab import ComponentClass
 
 
 def _plan(n: int = 12) -> SyncPlan:
-    comps = tuple(
-        ComponentPlan(key=f"{i}.mlp_up", score=float(n - i), cls=ComponentClass.IMPORTANT if i < 3 else ComponentClass.LOW,
-                      phase=None if i < 3 else i % 4, expected_bytes=100 + 10 * i)  # fmt: skip
-        for i in range(n)
-    )
+    def comp(i: int) -> ComponentPlan:
+        important = i < 3
+        return ComponentPlan(key=f"{i}.mlp_up", score=float(n - i), expected_bytes=100 + 10 * i,
+                             cls=ComponentClass.IMPORTANT if important else ComponentClass.LOW,
+                             phase=None if important else i % 4)  # fmt: skip
+
+    comps = tuple(comp(i) for i in range(n))
     return SyncPlan(release_period=4, components=comps)
 
 
