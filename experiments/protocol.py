@@ -37,7 +37,11 @@ density / 8 instead of holding for 8 steps), ``imp_online_r8_thin_w10`` (the sam
 at step 10 and a re-plan every 10 steps on 10-step windows: a shorter all-send start),
 ``imp_online_r7_thin_w10`` (that at R = 7: the bytes the shorter start saved spent on the low
 components' density), ``imp_online_r8_thin_w10_fresh_cap`` (the 10-step variant with the freshly
-initialised task head its own component sent every step and each re-plan capped at 0.16 x).
+initialised task head its own component sent every step and each re-plan capped at 0.16 x);
+and the split controls of the thinned online run, ``imp_online_r8_thin_swapped`` / ``_random`` /
+``_all_low`` (``--online-control``: every re-plan's important set replaced by the lowest-scored
+components at its bytes, a seeded random set at its bytes, or none; the start and the thinning
+unchanged).
 
 **Cached and resumable.** Every run is one subprocess (``igrt train``, or ``python -m
 experiments.protocol --powersgd-run DIR`` for PowerSGD) writing into its own folder under
