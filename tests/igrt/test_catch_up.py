@@ -224,7 +224,7 @@ def test_config_fingerprint_of_states_saved_before_catch_up_existed():
     # the dict of older versions: neither catch_up, nonfinite nor the issue-15 keys existed
     added = (
         "catch_up", "nonfinite", "fresh_patterns", "dense_small_numel", "warmup_steps",
-        "online_window", "replan_every", "max_share", "density_per_component", "low_mode",
+        "online_window", "replan_every", "max_share", "density_per_component", "low_mode", "online_control",
     )  # fmt: skip
     before = {k: v for k, v in config.to_dict().items() if k not in added}
     text = json.dumps(before, sort_keys=True, separators=(",", ":"), default=str)
