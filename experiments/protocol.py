@@ -86,7 +86,7 @@ import numpy as np
 
 from experiments import common
 from experiments.common import REPO, Study, mean_std
-from igpolicy.controls import split_controls
+from igpolicy.controls import SPLIT_CONTROLS, split_controls
 
 # in the order they train (a stopped study has the most telling comparisons first)
 POLICIES = (
@@ -192,10 +192,10 @@ VARIANTS = {
     # replaced, the all-send start and the thinning unchanged
     **{
         f"imp_online_r8_thin_{c}": (None, ("--online-profile", "--low-mode", "thin", "--online-control", c), 8)
-        for c in ("swapped", "random", "all_low")
+        for c in SPLIT_CONTROLS
     },
 }
-PLAN_POLICIES = ("importance", "all_low", "random", "swapped")  # their own plans (the knee plan, controls)
+PLAN_POLICIES = ("importance", *SPLIT_CONTROLS)  # their own plans (the knee plan, controls)
 QUALITY = {"minilm": ("accuracy", +1), "gpt": ("loss", -1)}  # metric, +1 = higher is better
 # peak learning rates tried per method: the workload's own (minilm 1e-4, gpt 3e-4) first
 LR_GRID = {"minilm": (1e-4, 3e-4, 5e-5), "gpt": (3e-4, 1e-3, 1e-4)}
