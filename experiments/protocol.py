@@ -112,6 +112,7 @@ POLICIES = (
     "imp_online_r8_thin_w10",
     "imp_online_r7_thin_w10",
     "imp_online_r8_thin_w10_fresh_cap",
+    "imp_online_r8_thin_head",
     "imp_online_r8_thin_swapped",
     "imp_online_r8_thin_random",
     "imp_online_r8_thin_all_low",
@@ -140,6 +141,7 @@ LABELS = {
     "imp_online_r8_thin_w10": "importance, online R = 8, thinned, re-planned every 10 steps on 10-step windows",
     "imp_online_r7_thin_w10": "importance, online R = 7, thinned, re-planned every 10 steps on 10-step windows",
     "imp_online_r8_thin_w10_fresh_cap": "importance, online R = 8, thinned, 10-step re-plans, fresh head sent, capped at 0.16 x",
+    "imp_online_r8_thin_head": "importance, online R = 8, thinned, the whole task head (pooler + fresh classifier) sent every step",
     "imp_online_r8_thin_swapped": "online R = 8, thinned, every re-plan swapped (lowest scores sent)",
     "imp_online_r8_thin_random": "online R = 8, thinned, every re-plan a size-matched random split",
     "imp_online_r8_thin_all_low": "online R = 8, thinned, every re-plan all-low",
@@ -187,6 +189,14 @@ VARIANTS = {
         ("--online-profile", "--low-mode", "thin", "--online-window", "10", "--replan-every", "10",
          "--fresh", "auto", "--max-share", "0.16"),
         8,
+    ),
+    # thinned, the re-plans made ``head`` low (the final plan of every MiniLM seed), so the fresh
+    # classifier sends 4 of its 3,080 entries a step; pinning the classifier alone moved the knee
+    # (imp_online_r8_fresh). Pinned with the pooler, the whole head leaves the threshold's candidates
+    # unchanged but for itself and sends at Top-k's density every step (~1.5 k pairs, < 1 % of
+    # Top-k's bytes), no cap
+    "imp_online_r8_thin_head": (
+        None, ("--online-profile", "--low-mode", "thin", "--fresh", "auto", "--fresh", "pooler"), 8,
     ),
     # the split controls of the thinned online run (igpolicy.controls): every re-plan's important set
     # replaced, the all-send start and the thinning unchanged

@@ -516,3 +516,45 @@ def test_each_shipped_calibration_predicts_sets_k_and_l_worst_within_target(run,
 def test_sets_k_and_l_round_a_fit_predicts_round_b_within_both_targets(suite, testbed):
     d = _report(RUNS / f"{suite}A-{testbed}", RUNS / f"{suite}B-{testbed}")["collectives_large"]
     assert d["num_cases"] >= 16 and d["meets_mean"] and d["meets_worst"], d
+
+
+# Set N (2026-12-07 13:37-13:49, load 0.3-1.7, CPU steal 28.8 s): the set-L suite with every case's
+# reps interleaved across cases (``igrt validate --suite --interleave``), to test whether the slow,
+# contiguous windows of sets L and M were an artefact of running a case's reps back to back. Blind for
+# every shipped file. The mean meets on all 8 runs; the worst case misses on 4 (docs/validation.md,
+# set N), so interleaving is not the default:
+SET_N = [(r, t) for r in ("NA", "NB") for t in TESTBEDS]
+SET_N_SHIPPED_WORST_MISSES = {
+    ("NA", "hetero"): "sparse gather zero 512 KiB -10.2 % (missed by 0.2 point)",
+    ("NB", "star"): "all_reduce 8 MiB -11.1 % (round A: -9.7 %, met)",
+    ("NB", "hetero"): "reduce_scatter 1 MiB -12.8 %",
+    ("NB", "ring"): "sparse gather zero 2 MiB -19.8 % (round A's worst: -3.4 %)",
+}
+SET_N_TRANSFER_WORST_MISSES = {  # NA's own fit predicts NB
+    "star": "all_reduce 8 MiB -10.2 % (mean 3.5 %)",
+    "ring": "sparse gather zero 2 MiB -19.4 % (mean 1.9 %)",
+}
+
+
+def test_set_n_interleaved_its_reps_after_set_m():
+    for run, testbed in SET_N:
+        tb, _, raw = v.load_measurements(v.measurement_path(RUNS / f"{run}-{testbed}"))
+        assert v.testbed_kind(tb) == testbed and tb.host_queue_bytes == 4 * 2**20
+        assert raw["interleaved"] is True and raw["date"] >= "2026-12-07 13:37", raw["date"]
+
+
+@pytest.mark.parametrize(("run", "testbed"), SET_N)
+def test_each_shipped_calibration_predicts_set_n_mean_within_target(run, testbed, capsys):
+    assert _set_i_shipped(run, testbed, capsys)["meets_mean"]
+
+
+@pytest.mark.parametrize(("run", "testbed"), [_xfail_if(SET_N_SHIPPED_WORST_MISSES, k, *k) for k in SET_N])
+def test_each_shipped_calibration_predicts_set_n_worst_within_target(run, testbed, capsys):
+    d = _set_i_shipped(run, testbed, capsys)
+    assert d["meets_worst"], (d["worst_case"], d["worst_error"])
+
+
+@pytest.mark.parametrize("testbed", [_xfail_if(SET_N_TRANSFER_WORST_MISSES, t, t) for t in TESTBEDS])
+def test_set_n_round_a_fit_predicts_round_b_within_both_targets(testbed):
+    d = _report(RUNS / f"NA-{testbed}", RUNS / f"NB-{testbed}")["collectives_large"]
+    assert d["num_cases"] >= 16 and d["meets_mean"] and d["meets_worst"], d
