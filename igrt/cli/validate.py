@@ -343,7 +343,7 @@ def measure_on_testbed(
         r = by_name[c["name"]]
         merged.append(
             {**c, "times_s": r["times_s"], "median_s": r["median_s"], "world_size": r["world_size"],
-             "rank_times_s": r["rank_times_s"]}
+             "rank_times_s": r["rank_times_s"], **({"cpu_ticks": r["cpu_ticks"]} if "cpu_ticks" in r else {})}
         )  # fmt: skip
     return {
         "testbed": testbed.describe(spec),

@@ -88,29 +88,52 @@ def _op_fn(case: Mapping[str, Any]):
     raise ValueError(f"case {case.get('name')!r}: unknown op {op!r} (known: {', '.join(OPS)})")
 
 
-def time_case(case: Mapping[str, Any], *, reps: int, warmup: int) -> list[list[float]]:
-    """Per rep, every rank's time in seconds (:func:`_time_once`), identical on every rank."""
+def time_case(
+    case: Mapping[str, Any], *, reps: int, warmup: int, cpu: list[list[int]] | None = None
+) -> list[list[float]]:
+    """Per rep, every rank's time in seconds (:func:`_time_once`), identical on every rank;
+    ``cpu`` (rank 0's list) gets each rep's CPU ticks (:func:`cpu_ticks`)."""
     fn = _op_fn(case)
     for _ in range(warmup):
         fn()
-    return [_time_once(case, fn) for _ in range(reps)]
+    return [_time_once(case, fn, cpu) for _ in range(reps)]
 
 
-def _time_once(case: Mapping[str, Any], fn) -> list[float]:
+def cpu_ticks() -> list[int] | None:
+    """The machine's CPU time so far, in clock ticks summed over its CPUs: ``[stolen, idle, total]``
+    (``/proc/stat``'s first line: steal; idle + iowait; every field but guest time, which user time
+    already counts), or None where there is no ``/proc/stat``. Stolen time is what the hypervisor
+    ran elsewhere while this machine's CPUs had work: the ranks' processes, their softirqs and the
+    shaper's timers all wait through it, so a rep with much of it measures the host, not the link."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    fields += [0] * (10 - len(fields))
+    return [fields[7], fields[3] + fields[4], sum(fields[:8])]
+
+
+def _time_once(case: Mapping[str, Any], fn, cpu: list[list[int]] | None = None) -> list[float]:
     """One rep of ``case``: after a barrier, each rank's time until it is done (p2p: one way, the
     same for both ends); the rep's time is the slowest rank's (the maximum). A case with ``idle_s``
     first leaves every connection idle that long (a training step's compute), so the rep starts on
-    connections that TCP may have sent back to slow start."""
+    connections that TCP may have sent back to slow start. ``cpu``: gets the rep's CPU ticks
+    (:func:`cpu_ticks`, from the barrier to the end of the gather of the ranks' times, which is
+    when the slowest rank is done; machine-wide, so read by whichever rank passes a list)."""
     idle = float(case.get("idle_s", 0.0))
     if idle > 0:
         time.sleep(idle)
     dist.barrier()
+    c0 = cpu_ticks() if cpu is not None else None
     t0 = time.perf_counter()
     fn()
     mine = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
     every = [torch.empty(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)
     ts = [float(t.item()) for t in every]
+    if c0 is not None and (c1 := cpu_ticks()) is not None:
+        cpu.append([b - a for a, b in zip(c0, c1)])
     if case["op"] == "p2p":  # a ping-pong between ranks 0 and 1: half of rank 0's round trip
         ts = [ts[0] / 2] * len(ts)
     return ts
@@ -141,39 +164,51 @@ def run_cases(
     if warmup > 0:
         warm_up()
     if not interleave:
-        return [_record(c, _timed(c, reps=reps, warmup=warmup, index=i, total=len(cases)))
-                for i, c in enumerate(cases)]  # fmt: skip
+        out = []
+        for i, c in enumerate(cases):
+            cpu: list[list[int]] = []
+            out.append(_record(c, _timed(c, reps=reps, warmup=warmup, index=i, total=len(cases), cpu=cpu), cpu))
+        return out
     fns = [_op_fn(c) for c in cases]
     for fn in fns:
         for _ in range(warmup):
             fn()
     times: list[list[list[float]]] = [[] for _ in cases]
+    cpus: list[list[list[int]]] = [[] for _ in cases]
     t0 = time.monotonic()
     for rep in range(reps):
         if dist.get_rank() == 0:  # igrt validate shows rank 0's output as it comes
             print(f"netbench {time.strftime('%H:%M:%S')} round {rep + 1}/{reps} over {len(cases)} cases "
                   f"({time.monotonic() - t0:.0f} s so far)", file=sys.stderr, flush=True)  # fmt: skip
         for i, (case, fn) in enumerate(zip(cases, fns)):
-            times[i].append(_time_once(case, fn))
-    return [_record(c, t) for c, t in zip(cases, times)]
+            times[i].append(_time_once(case, fn, cpus[i]))
+    return [_record(c, t, u) for c, t, u in zip(cases, times, cpus)]
 
 
-def _timed(case: Mapping[str, Any], *, reps: int, warmup: int, index: int, total: int) -> list[list[float]]:
+def _timed(
+    case: Mapping[str, Any], *, reps: int, warmup: int, index: int, total: int, cpu: list[list[int]]
+) -> list[list[float]]:
     if dist.get_rank() == 0:
         print(f"netbench {time.strftime('%H:%M:%S')} case {index + 1}/{total} {case.get('name', case['op'])}",
               file=sys.stderr, flush=True)  # fmt: skip
-    return time_case(case, reps=reps, warmup=warmup)
+    return time_case(case, reps=reps, warmup=warmup, cpu=cpu)
 
 
-def _record(case: Mapping[str, Any], rank_times: list[list[float]]) -> dict[str, Any]:
+def _record(
+    case: Mapping[str, Any], rank_times: list[list[float]], cpu: list[list[int]] | None = None
+) -> dict[str, Any]:
     """``times_s``: per rep, the slowest rank's time; ``rank_times_s``: per rep, every rank's
-    (which rank finishes last, e.g. a broadcast's farthest child)."""
+    (which rank finishes last, e.g. a broadcast's farthest child); ``cpu_ticks``: per rep, the
+    machine's ``[stolen, idle, total]`` CPU ticks over it (:func:`cpu_ticks`; absent without
+    ``/proc/stat``)."""
     times = [max(ts) for ts in rank_times]
+    extra = {"cpu_ticks": cpu} if cpu and len(cpu) == len(times) else {}
     return {
         **dict(case),
         "world_size": dist.get_world_size(),
         "times_s": times,
         "rank_times_s": rank_times,
+        **extra,
         "median_s": statistics.median(times),
         "min_s": min(times),
         "max_s": max(times),

@@ -144,6 +144,7 @@ def format_report(report: Mapping[str, Any]) -> str:
     where = (
         f"calibration {report['calibration']} (not fitted on this run)" if "calibration" in report else "fit"
     )
+    steal = any(math.isfinite(r.get("cpu_steal_share", math.nan)) for r in report["cases"])
     lines = [
         f"{where}: alpha {f['alpha_s'] * 1e3:.3f} ms/message, effective bandwidth x{f['duplex_factor']:.4f}"
         f"{gather}, x{f['simplex_factor']:.4f} (one-way)"
@@ -152,7 +153,8 @@ def format_report(report: Mapping[str, Any]) -> str:
         + (f"; 1-min load average {load[0]:.2f} when timing ended" if load else ""),
         *(f"FLAGGED (outside the validated range): {f}" for f in report.get("flags", ())),
         "",
-        f"{'case':30s} {'role':5s} {'size':>10s} {'measured ms':>12s} {'spread':>7s} {'predicted':>10s} {'error':>8s}",
+        f"{'case':30s} {'role':5s} {'size':>10s} {'measured ms':>12s} {'spread':>7s} {'predicted':>10s} {'error':>8s}"
+        + ("  CPU stolen" if steal else ""),
     ]
     for r in report["cases"]:
         size = (
@@ -163,6 +165,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         lines.append(
             f"{r['name']:30s} {r['role'][:5]:5s} {size:>10s} {r.get('measured_s', r['measured_median_s']) * 1e3:12.3f} "
             f"{r['spread']:7.1%} {r['predicted_s'] * 1e3:10.3f} {r['error']:+8.1%}"
+            + (f"  {r['cpu_steal_share']:9.1%}" + (" FLAGGED" if r["steal_flag"] else "") if steal else "")
         )
     scope = "all cases" if len(report.get("roles", ())) > 1 else "validation cases"
     lines += [
@@ -187,6 +190,15 @@ def format_report(report: Mapping[str, Any]) -> str:
                 f"target {label} >= 256 KiB: mean {d['mape']:.1%} (<= {t['dense_mean_error']:.0%}: "
                 f"{'met' if d['meets_mean'] else 'MISSED'}), worst {abs(d['worst_error']):.1%} "
                 f"(<= {t['dense_worst_error']:.0%}: {'met' if d['meets_worst'] else 'MISSED'})"
+            )
+        if key in report and report[key].get("steal_flagged"):
+            d = report[key]
+            rest = d.get("without_steal_flagged")
+            lines.append(
+                f"  {len(d['steal_flagged'])} case(s) FLAGGED: more than {v.STEAL_FLAG_SHARE:.0%} of the CPU time "
+                f"stolen during their reps ({', '.join(d['steal_flagged'])})"
+                + (f"; without them: mean {rest['mape']:.1%}, worst {rest['worst_error']:+.1%} ({rest['worst_case']})"
+                   if rest else "")
             )
     if "validation_kendall_tau" in report:
         lines.append(f"Kendall tau, {scope} ranked by time: {report['validation_kendall_tau']:.3f}")

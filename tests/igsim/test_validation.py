@@ -343,3 +343,37 @@ def test_a_star_fit_has_no_overflow_term():
     got = v.fit_testbed(_cases(truth, STAR), STAR)
     assert got.overflow_factor == 1.0 and got.overflow_queues == {}
     assert got == v.fit(_cases(truth, STAR), v.testbed_topology(STAR), burst_s=STAR.burst_s)
+
+
+def test_cases_timed_under_cpu_steal_are_flagged_and_still_counted():
+    """A case with more than STEAL_FLAG_SHARE of the CPU ticks stolen over its reps is flagged; the
+    target figures still count it, and the report states them without it beside."""
+    mk = lambda name, size, ticks: v.Case(  # noqa: E731
+        name=name, op="all_reduce", role="validation", times_s=(1.0, 1.0), size_bytes=size, cpu_ticks=ticks
+    )
+    cases = [
+        mk("calm", 1 * MiB, ((0, 150, 200), (1, 150, 200))),  # 0.25 % stolen
+        mk("stolen", 2 * MiB, ((30, 100, 200), (0, 150, 200))),  # 7.5 %
+        mk("unknown", 4 * MiB, ()),  # measured before ticks were recorded: not flagged
+    ]
+    preds = {"calm": 1.02, "stolen": 0.7, "unknown": 1.04}
+    fit = v.Fit(alpha_s=0, duplex_factor=1, simplex_factor=1)
+    rep = v.build_report(cases, v.testbed_topology(STAR), fit, predictor=lambda c: preds[c.name])
+    rows = {r["name"]: r for r in rep["cases"]}
+    assert rows["stolen"]["cpu_steal_share"] == pytest.approx(30 / 400) and rows["stolen"]["steal_flag"]
+    assert rows["calm"]["cpu_busy_share"] == pytest.approx(1 - 300 / 400) and not rows["calm"]["steal_flag"]
+    assert math.isnan(rows["unknown"]["cpu_steal_share"]) and not rows["unknown"]["steal_flag"]
+    d = rep["collectives_large"]
+    assert d["worst_case"] == "stolen" and not d["meets_worst"] and d["steal_flagged"] == ["stolen"]
+    rest = d["without_steal_flagged"]
+    assert rest["num_cases"] == 2 and rest["worst_case"] == "unknown" and rest["mape"] == pytest.approx(0.03)
+    from igsim.cli.validate_report import format_report
+
+    text = format_report({**rep, "reps": 2})
+    assert "1 case(s) FLAGGED" in text and "without them: mean 3.0%, worst +4.0% (unknown)" in text
+
+
+@pytest.mark.parametrize("ticks", [((1, 2, 3),), ((2, 2, 3), (0, 1, 3)), ((0, 1),) * 2, ((-1, 1, 3),) * 2])
+def test_cpu_ticks_must_be_one_consistent_triple_per_rep(ticks):
+    with pytest.raises(ValueError, match="cpu_ticks"):
+        v.Case(name="x", op="all_reduce", role="validation", times_s=(1.0, 1.0), size_bytes=1, cpu_ticks=ticks)
