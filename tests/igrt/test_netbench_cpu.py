@@ -27,7 +27,7 @@ def test_cpu_ticks_reads_proc_stat() -> None:
     if t is None:
         pytest.skip("no /proc/stat")
     stolen, idle, total = t
-    assert 0 <= stolen and 0 <= idle and stolen + idle <= total and total > 0
+    assert stolen >= 0 and idle >= 0 and stolen + idle <= total and total > 0
 
 
 @pytest.mark.parametrize("interleave", [False, True])
@@ -39,4 +39,4 @@ def test_every_rep_records_its_cpu_ticks(interleave: bool) -> None:
     for results in launch(_time_cases, nproc=2, backend="gloo", args=(interleave,), timeout_s=120).values():
         for r in results:
             assert len(r["cpu_ticks"]) == len(r["times_s"]) == REPS, r
-            assert all(len(t) == 3 and 0 <= t[0] and t[0] + t[1] <= t[2] for t in r["cpu_ticks"]), r
+            assert all(len(t) == 3 and t[0] >= 0 and t[0] + t[1] <= t[2] for t in r["cpu_ticks"]), r
