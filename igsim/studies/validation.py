@@ -30,7 +30,10 @@ Measurement file::
      "cases": [{"name": "all_reduce-1MiB", "op": "all_reduce", "role": "validation",
                 "size_bytes": 1048576, "times_s": [0.135, ...]}, ...]}
 
-``sparse_all_gather`` cases give ``sizes_bytes`` (one per rank) instead of ``size_bytes``.
+``sparse_all_gather`` cases give ``sizes_bytes`` (one per rank) instead of ``size_bytes``. A case
+may give ``cpu_ticks``: per rep, the machine's ``[stolen, idle, total]`` CPU clock ticks over it
+(:func:`igrt.testbed.netbench.cpu_ticks`); the report states each case's stolen and busy shares and
+flags a case with more than :data:`STEAL_FLAG_SHARE` stolen (it still counts in every figure).
 """
 
 from __future__ import annotations
