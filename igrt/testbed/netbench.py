@@ -92,7 +92,8 @@ def time_case(
     case: Mapping[str, Any], *, reps: int, warmup: int, cpu: list[list[int]] | None = None
 ) -> list[list[float]]:
     """Per rep, every rank's time in seconds (:func:`_time_once`), identical on every rank;
-    ``cpu`` (rank 0's list) gets each rep's CPU ticks (:func:`cpu_ticks`)."""
+    ``cpu``, where given, gets each rep's CPU ticks (:func:`cpu_ticks`; machine-wide, so every rank
+    reads the same counters and rank 0's are the ones written)."""
     fn = _op_fn(case)
     for _ in range(warmup):
         fn()
