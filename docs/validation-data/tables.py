@@ -335,22 +335,17 @@ def main(argv: list[str]) -> int:
     print("\n## sets J and K with the uplink's queue overflow (the current model): fit on one round, predict the other\n")
     print(transfer_table(runs, rounds=("JA", "JB"), suffix="", overflow=True))
     print("\n".join(transfer_table(runs, rounds=("KA", "KB"), suffix="", overflow=True).splitlines()[2:]))
-    print("\n## set L (2026-12-07, after the overflow model shipped): fit on LA, predict LB; the shipped files on both\n")
-    print(transfer_table(runs, rounds=("LA", "LB"), suffix="", overflow=True))
-    print()
-    print(shipped_table(runs, ("LA", "LB"), suffix=""))
-    print("\n## set M (2026-12-07, 40 minutes after set L): fit on MA, predict MB; the shipped files on both\n")
-    print(transfer_table(runs, rounds=("MA", "MB"), suffix="", overflow=True))
-    print()
-    print(shipped_table(runs, ("MA", "MB"), suffix=""))
-    print("\n## set N (2026-12-07, reps interleaved): fit on NA, predict NB; the shipped files on both\n")
-    print(transfer_table(runs, rounds=("NA", "NB"), suffix="", overflow=True))
-    print()
-    print(shipped_table(runs, ("NA", "NB"), suffix=""))
-    print("\n## set O (2026-12-07, back to back, each rep's CPU ticks recorded): fit on OA, predict OB; the shipped files on both\n")
-    print(transfer_table(runs, rounds=("OA", "OB"), suffix="", overflow=True))
-    print()
-    print(shipped_table(runs, ("OA", "OB"), suffix=""))
+    for name, what in (
+        ("L", "after the overflow model shipped"),
+        ("M", "40 minutes after set L"),
+        ("N", "reps interleaved"),
+        ("O", "back to back, each rep's CPU ticks recorded"),
+    ):  # the blind suites on the current model: same-day transfer, then the shipped files
+        a, b = f"{name}A", f"{name}B"
+        print(f"\n## set {name} (2026-12-07, {what}): fit on {a}, predict {b}; the shipped files on both\n")
+        print(transfer_table(runs, rounds=(a, b), suffix="", overflow=True))
+        print()
+        print(shipped_table(runs, (a, b), suffix=""))
     print("\n## transfer, reps interleaved (fit on Ai, predict Bi and Ci)\n")
     print(transfer_table(runs, rounds=("Ai", "Bi", "Ci")))
     print("\n## the star's calibration (the shipped default) on every testbed\n")
