@@ -37,7 +37,9 @@ density / 8 instead of holding for 8 steps), ``imp_online_r8_thin_w10`` (the sam
 at step 10 and a re-plan every 10 steps on 10-step windows: a shorter all-send start),
 ``imp_online_r7_thin_w10`` (that at R = 7: the bytes the shorter start saved spent on the low
 components' density), ``imp_online_r8_thin_w10_fresh_cap`` (the 10-step variant with the freshly
-initialised task head its own component sent every step and each re-plan capped at 0.16 x);
+initialised task head its own component sent every step and each re-plan capped at 0.16 x),
+``imp_online_r8_thin_head`` (the thinned run with the whole task head, pooler and fresh classifier,
+pinned: ``--fresh auto --fresh pooler``);
 and the split controls of the thinned online run, ``imp_online_r8_thin_swapped`` / ``_random`` /
 ``_all_low`` (``--online-control``: every re-plan's important set replaced by the lowest-scored
 components at its bytes, a seeded random set at its bytes, or none; the start and the thinning
@@ -679,13 +681,11 @@ def tables(
             continue
         rows = [by[tag, lr, s] for s in range(settings["seeds"]) if (tag, lr, s) in by]
         q_mean, q_std = mean_std(x[f"{metric}_pre_flush"] for x in rows)
-        diffs = [_delta(wl, x[f"{metric}_pre_flush"], by["topk", ref_lr, x["seed"]][f"{metric}_pre_flush"])
-                 for x in rows if ref_lr is not None and ("topk", ref_lr, x["seed"]) in by]  # fmt: skip
+        diffs = _paired(rows, by, ref_lr, f"{metric}_pre_flush", wl)
         d_mean, d_std = mean_std(diffs)
         second = {}
         if wl == "minilm":  # the paired held-out loss too, in % of Top-k+EF's (negative = lower = better)
-            loss_d = [_delta("gpt", x["loss_pre_flush"], by["topk", ref_lr, x["seed"]]["loss_pre_flush"])
-                      for x in rows if ref_lr is not None and ("topk", ref_lr, x["seed"]) in by]  # fmt: skip
+            loss_d = _paired(rows, by, ref_lr, "loss_pre_flush", "gpt")
             second = dict(zip(("loss_paired_diff_pct", "loss_paired_diff_std"), mean_std(loss_d)))
         ref_rows = [
             by["topk", ref_lr, s]
@@ -710,6 +710,13 @@ def tables(
         })  # fmt: skip
     return {"runs": run_rows, "tuning": tuning_rows, "summary": summary_rows,
             "targets": targets(wl, {row["method"]: row for row in summary_rows}, metric)}  # fmt: skip
+
+
+def _paired(rows, by: Mapping[tuple, Mapping[str, Any]], ref_lr: float | None, key: str, kind: str) -> list[float]:
+    """Per run of ``rows``, ``key``'s difference to Top-k+EF's (at ``ref_lr``) on the same seed
+    (:func:`_delta` of ``kind``: accuracy points for ``minilm``, % of the loss for ``gpt``)."""
+    return [_delta(kind, x[key], by["topk", ref_lr, x["seed"]][key])
+            for x in rows if ref_lr is not None and ("topk", ref_lr, x["seed"]) in by]  # fmt: skip
 
 
 def targets(wl: str, s: Mapping[str, dict[str, Any]], metric: str) -> list[dict[str, Any]]:

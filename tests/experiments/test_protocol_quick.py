@@ -57,6 +57,16 @@ def test_quick_writes_paired_pre_flush_tables_with_the_floor_and_bytes(study: Pa
     summary = {r["method"]: r for r in _rows(out / "summary.csv")}
     assert float(summary["topk"]["paired_diff_vs_topk"]) == 0.0 and int(summary["topk"]["pairs"]) == 1
     assert float(summary["topk"]["bytes_vs_topk"]) == 1.0
+    # MiniLM's second metric: the pre-flush held-out loss per run, paired against Top-k+EF's in %
+    def pre_flush_loss(method: str) -> float:  # from the run's own summary, at full precision
+        run = study / "runs" / f"{method}-lr{float(by[method]['lr']):g}-s0" / "summary.json"
+        return next(e["loss"] for e in json.loads(run.read_text())["eval"]["history"] if e.get("before_flush"))
+
+    loss = {m: pre_flush_loss(m) for m in by}
+    assert all(float(by[m]["loss_pre_flush"]) == pytest.approx(loss[m], rel=1e-5) for m in by)
+    assert float(summary["topk"]["loss_paired_diff_pct"]) == 0.0
+    want = (loss["importance"] - loss["topk"]) / loss["topk"] * 100
+    assert want != 0.0 and float(summary["importance"]["loss_paired_diff_pct"]) == pytest.approx(want, rel=1e-3)
     curves = json.loads((out / "curves.json").read_text())
     for c in curves:  # evaluations at steps 0, 3 and 6 (before the flush), bytes growing with the steps
         assert len(c["bytes"]) == len(c["values"]) == 3 and c["bytes"][0] == 0.0
