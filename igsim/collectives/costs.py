@@ -110,7 +110,7 @@ class CostCache:
         self._lines: dict[str, _Line] = {}
         self._rings: dict[str, _RingForm] = {}
         self._methods: dict[str, str] = {}
-        self._terms: Any = None
+        self._terms: dict[str, Any] = {}  # spec op -> ring_terms under its calibration
         self.num_evaluations = 0
 
     def dense(self, size_bytes: int) -> float:
@@ -198,7 +198,7 @@ class CostCache:
         spec = self._spec(op, size)
         if spec.algorithm == "ideal":
             return False
-        cal = self.calibration or Calibration()
+        cal = (self.calibration or Calibration()).for_op(spec.op)
         return self.mode == "flow" or not closed_form_exact(spec, self.topology, cal)
 
     def _ring_shapes(self, op: str):
@@ -215,11 +215,12 @@ class CostCache:
         spec = self._spec(op, size)
         if ring_shape(spec, p) is None:
             return None
-        cal = self.calibration or Calibration()
-        if self._terms is None:
-            self._terms = ring_terms(self.topology, cal)
+        cal = (self.calibration or Calibration()).for_op(spec.op)  # the op's own bandwidth factor
+        terms = self._terms.get(spec.op)
+        if terms is None:
+            terms = self._terms[spec.op] = ring_terms(self.topology, cal)
         self.num_evaluations += 1
-        check = check_ring(spec, self.topology, cal, terms=self._terms)
+        check = check_ring(spec, self.topology, cal, terms=terms)
         if not check.ok:
             return None
 
@@ -228,7 +229,7 @@ class CostCache:
         rel = abs(check.flow_s - check.closed_s) / max(check.flow_s, math.ulp(1.0))
         return _RingForm(
             shape_of,
-            self._terms,
+            terms,
             cal.gamma_s_per_byte,
             f"ring closed form (checked against flow: {check.steps_run} of {check.steps} steps, "
             f"{check.num_messages} messages, rel. diff {rel:.1e})",

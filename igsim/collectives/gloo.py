@@ -312,7 +312,7 @@ def simulate_gloo(
         raise ValueError(f"gloo {op}: size_bytes={size_bytes!r} must be >= 0 and finite")
     if not (math.isfinite(burst_s) and burst_s >= 0):
         raise ValueError(f"gloo {op}: burst_s={burst_s!r} must be >= 0 and finite")
-    run = _Run(topology, calibration or Calibration())
+    run = _Run(topology, (calibration or Calibration()).for_op(op))
     p = run.p
     if op == "sparse_all_gather" and len(sizes_bytes) != p:
         raise ValueError(f"gloo sparse_all_gather: {len(sizes_bytes)} sizes_bytes for {p} ranks")

@@ -151,7 +151,7 @@ def predict_collective(
     """
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
-    calibration = calibration or Calibration()
+    calibration = (calibration or Calibration()).for_op(spec.op)
     spec.check_ranks(topology.num_ranks)
     if (
         mode == "analytic"

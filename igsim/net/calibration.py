@@ -8,8 +8,10 @@ cost ``gamma_s_per_byte`` (seconds per byte a rank spends adding a received chun
 and optional per-operation multipliers on the effective bandwidth (``op_bandwidth_factors``, e.g.
 ``{"all_gather": 0.94, "p2p": 1.08}``: on the testbed gloo's all-gather ring moves fewer bytes per
 second than its all-reduce ring on the same links, and one-way traffic more than either). They
-apply where a predictor knows the operation (:mod:`igsim.collectives.gloo` via
-:mod:`igsim.studies.validation`); flows that carry no operation use the link factors alone.
+apply wherever a collective is costed (:meth:`Calibration.for_op`, called by
+:func:`igsim.collectives.predict.predict_collective` and :func:`igsim.collectives.gloo.simulate_gloo`:
+the step engine's sparse gathers and count exchanges as much as a validation case); flows that
+carry no operation use the link factors alone.
 
 A message crossing links of several classes pays the largest ``alpha_s`` among them once (the
 overhead is per message, set by the slowest transport on its way), and each link's capacity is
@@ -44,7 +46,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +178,22 @@ class Calibration:
     def op_factor(self, op: str) -> float:
         """The multiplier on every link's effective bandwidth for operation ``op`` (1 if unset)."""
         return float(self.op_bandwidth_factors.get(op, 1.0))
+
+    def for_op(self, op: str) -> Calibration:
+        """This calibration as operation ``op`` sees it: every link class's effective bandwidth (factor,
+        or absolute figure) times :meth:`op_factor`, and no per-op factors left (so applying it twice
+        changes nothing); ``self`` when there are no per-op factors."""
+        f = self.op_factor(op)
+        if not self.op_bandwidth_factors:
+            return self
+
+        def scaled(link: LinkCalibration) -> LinkCalibration:
+            b = link.effective_bandwidth_bytes_per_s
+            return replace(link, effective_bandwidth_factor=link.effective_bandwidth_factor * f,
+                           effective_bandwidth_bytes_per_s=None if b is None else b * f)  # fmt: skip
+
+        return replace(self, link_classes={k: scaled(v) for k, v in self.link_classes.items()},
+                       default=scaled(self.default), op_bandwidth_factors={})  # fmt: skip
 
     def for_class(self, link_class: str) -> LinkCalibration:
         return self.link_classes.get(link_class, self.default)

@@ -440,17 +440,14 @@ def overflow_queues(tb: TestbedDescription) -> dict[str, float]:
 
 
 def predict_case(case: Case, topology: Topology, fit_: Fit, *, burst_s: float = 0.0) -> float:
-    """Seconds gloo takes for ``case`` on ``topology`` under ``fit_`` (the op's factor,
-    :meth:`Fit.factor`); ``burst_s`` is the shapers' token-bucket burst (see
-    :func:`igsim.collectives.gloo.predict_gloo`)."""
-    factor = fit_.factor(case.op)
-    link = LinkCalibration(alpha_s=fit_.alpha_s, effective_bandwidth_factor=factor)
-    cal = Calibration(link_classes=fit_.link_classes(topology, factor), default=link,
-                      downstream_share=fit_.downstream_share)  # fmt: skip
+    """Seconds gloo takes for ``case`` on ``topology`` under ``fit_``: its saved calibration
+    (:meth:`Fit.calibration`), so the op's factor (:meth:`Fit.factor`) reaches the case the way it
+    reaches a replayed step (:meth:`igsim.net.calibration.Calibration.for_op`); ``burst_s`` is the
+    shapers' token-bucket burst (see :func:`igsim.collectives.gloo.predict_gloo`)."""
     return predict_gloo(
         case.op,
         topology=topology,
-        calibration=cal,
+        calibration=fit_.calibration(topology),
         size_bytes=case.size_bytes,
         sizes_bytes=case.sizes_bytes,
         burst_s=burst_s,
