@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     fit.calibration(topo, source=source).save(out)
     gather = f", x{fit.gather_factor:.4f} all-gather" if fit.gather_factor else ""
     print(
-        f"fit ({args.statistic} of each case's reps): alpha {fit.alpha_s * 1e3:.3f} ms/message; effective "
+        f"fit ({args.statistic} of each case's reps): {v.describe_alpha(fit.alpha_s, fit.message_alpha_s)}; effective "
         f"bandwidth x{fit.duplex_factor:.4f} all-reduce{gather}, x{fit.simplex_factor:.4f} one-way"
         f"{v.describe_extras(fit.downstream_share, fit.overflow_factor, fit.overflow_queues)} -> {out}"
     )

@@ -146,7 +146,7 @@ def format_report(report: Mapping[str, Any]) -> str:
     )
     steal = any(math.isfinite(r.get("cpu_steal_share", math.nan)) for r in report["cases"])
     lines = [
-        f"{where}: alpha {f['alpha_s'] * 1e3:.3f} ms/message, effective bandwidth x{f['duplex_factor']:.4f}"
+        f"{where}: {v.describe_alpha(f['alpha_s'], f.get('message_alpha_s'))}, effective bandwidth x{f['duplex_factor']:.4f}"
         f"{gather}, x{f['simplex_factor']:.4f} (one-way)"
         + v.describe_extras(f.get("downstream_share", 1.0), f.get("overflow_factor", 1.0), f.get("overflow_queues")),
         f"errors against each case's {stat} of {report.get('reps', '?')} reps"

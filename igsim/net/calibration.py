@@ -149,7 +149,7 @@ _LINK_KEYS = frozenset(
     {"alpha_s", "effective_bandwidth_factor", "effective_bandwidth_bytes_per_s", "queue_bytes", "overflow_factor"}
 )
 _TOP_KEYS = frozenset(
-    {"gamma_s_per_byte", "default", "link_classes", "op_bandwidth_factors", "downstream_share", "source"}
+    {"gamma_s_per_byte", "default", "link_classes", "op_bandwidth_factors", "op_alpha_s", "downstream_share", "source"}
 )
 
 
@@ -161,6 +161,7 @@ class Calibration:
     default: LinkCalibration = field(default_factory=LinkCalibration)
     gamma_s_per_byte: float = 0.0
     op_bandwidth_factors: Mapping[str, float] = field(default_factory=dict)
+    op_alpha_s: Mapping[str, float] = field(default_factory=dict)
     downstream_share: float = 1.0
     source: str = ""
 
@@ -174,6 +175,9 @@ class Calibration:
         for op, f in self.op_bandwidth_factors.items():
             if not isinstance(op, str) or not (isinstance(f, int | float) and math.isfinite(f) and f > 0):
                 raise ValueError(f"calibration: op_bandwidth_factors[{op!r}]={f!r} must be a number > 0")
+        for op, a in self.op_alpha_s.items():
+            if not isinstance(op, str) or not (isinstance(a, int | float) and math.isfinite(a) and a >= 0):
+                raise ValueError(f"calibration: op_alpha_s[{op!r}]={a!r} must be a number >= 0")
 
     def op_factor(self, op: str) -> float:
         """The multiplier on every link's effective bandwidth for operation ``op`` (1 if unset)."""
@@ -181,19 +185,22 @@ class Calibration:
 
     def for_op(self, op: str) -> Calibration:
         """This calibration as operation ``op`` sees it: every link class's effective bandwidth (factor,
-        or absolute figure) times :meth:`op_factor`, and no per-op factors left (so applying it twice
-        changes nothing); ``self`` when there are no per-op factors."""
-        f = self.op_factor(op)
-        if not self.op_bandwidth_factors:
+        or absolute figure) times :meth:`op_factor`, every class's ``alpha_s`` replaced by
+        ``op_alpha_s[op]`` where the op has one, and no per-op entries left (so applying it twice
+        changes nothing); ``self`` when there are no per-op entries."""
+        if not self.op_bandwidth_factors and not self.op_alpha_s:
             return self
+        f = self.op_factor(op)
+        alpha = self.op_alpha_s.get(op)
 
         def scaled(link: LinkCalibration) -> LinkCalibration:
             b = link.effective_bandwidth_bytes_per_s
             return replace(link, effective_bandwidth_factor=link.effective_bandwidth_factor * f,
-                           effective_bandwidth_bytes_per_s=None if b is None else b * f)  # fmt: skip
+                           effective_bandwidth_bytes_per_s=None if b is None else b * f,
+                           alpha_s=link.alpha_s if alpha is None else float(alpha))  # fmt: skip
 
         return replace(self, link_classes={k: scaled(v) for k, v in self.link_classes.items()},
-                       default=scaled(self.default), op_bandwidth_factors={})  # fmt: skip
+                       default=scaled(self.default), op_bandwidth_factors={}, op_alpha_s={})  # fmt: skip
 
     def for_class(self, link_class: str) -> LinkCalibration:
         return self.link_classes.get(link_class, self.default)
@@ -226,6 +233,13 @@ class Calibration:
             ops = {str(k): float(f) for k, f in ops.items()}
         except (TypeError, ValueError):
             raise ValueError(f"{where}: op_bandwidth_factors: every factor must be a number") from None
+        op_alpha = data.get("op_alpha_s", {})
+        if not isinstance(op_alpha, Mapping):
+            raise ValueError(f"{where}: op_alpha_s must be a mapping of op name -> seconds")
+        try:
+            op_alpha = {str(k): parse_time(a) for k, a in op_alpha.items()}
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: op_alpha_s: every alpha must be a time") from None
         links = {
             str(k): LinkCalibration.from_dict(v, where=f"{where}: link_classes.{k}")
             for k, v in classes.items()
@@ -236,7 +250,8 @@ class Calibration:
             if isinstance(share, bool) or not isinstance(share, int | float):
                 raise ValueError(f"downstream_share={share!r} is not a number")
             return cls(link_classes=links, default=default, gamma_s_per_byte=gamma, op_bandwidth_factors=ops,
-                       downstream_share=float(share), source=str(data.get("source", "")))  # fmt: skip
+                       op_alpha_s=op_alpha, downstream_share=float(share),
+                       source=str(data.get("source", "")))  # fmt: skip
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
 
@@ -246,6 +261,7 @@ class Calibration:
             "default": self.default.to_dict(),
             "link_classes": {k: v.to_dict() for k, v in sorted(self.link_classes.items())},
             "op_bandwidth_factors": dict(sorted(self.op_bandwidth_factors.items())),
+            **({"op_alpha_s": dict(sorted(self.op_alpha_s.items()))} if self.op_alpha_s else {}),
             **({"downstream_share": self.downstream_share} if self.downstream_share != 1.0 else {}),
             "source": self.source,
         }

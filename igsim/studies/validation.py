@@ -9,6 +9,12 @@ The fit (all times are per-case medians):
 
 1. ``alpha_s`` (per message, every link class): the median over small calibration cases
    (<= ``small_max_bytes``) of the alpha that makes each case's prediction equal its measurement.
+   With ``split_alpha`` (what :func:`fit_testbed`, so ``igsim calibrate`` and ``igsim
+   validate-report``, fit) the ring collectives' alpha is the median over the small ring cases
+   alone and p2p and broadcast get theirs (``message_alpha_s``) from the small p2p cases: on the
+   testbed a ring hop, which waits for the previous hop's arrival before it sends, costs 1.1-4x a
+   p2p message (0.7-1.8 against 0.1-0.6 ms on the 20 committed step sets' own cases). The saved
+   calibration carries it as ``op_alpha_s`` (:meth:`igsim.net.calibration.Calibration.for_op`).
 2. ``duplex_factor``: effective bandwidth / nominal for links whose reverse direction carries data
    too (ring collectives: every rank sends and receives at once), by least squares on the relative
    error of large (>= ``large_min_bytes``) duplex calibration cases.
@@ -61,6 +67,7 @@ __all__ = [
     "Fit",
     "TestbedDescription",
     "build_report",
+    "describe_alpha",
     "describe_extras",
     "fit",
     "fit_overflow",
@@ -338,6 +345,9 @@ class Fit:
     duplex_factor: float
     simplex_factor: float
     gather_factor: float | None = None
+    #: the per-message alpha of the ops that are not ring collectives (p2p, broadcast), fitted from
+    #: the small p2p cases with ``split_alpha``; None: ``alpha_s`` serves every op
+    message_alpha_s: float | None = None
     downstream_share: float = 1.0
     overflow_factor: float = 1.0
     overflow_queues: Mapping[str, float] = field(default_factory=dict)
@@ -351,6 +361,13 @@ class Fit:
         if op in GATHER_OPS and self.gather_factor is not None:
             return self.gather_factor
         return self.duplex_factor
+
+    def alpha(self, op: str) -> float:
+        """The per-message alpha of ``op``: ``alpha_s`` for the ring collectives (every hop waits
+        for the previous one's arrival), :attr:`message_alpha_s` (where fitted) for the others."""
+        if op in DUPLEX_OPS or self.message_alpha_s is None:
+            return self.alpha_s
+        return self.message_alpha_s
 
     def link_classes(self, topology: Topology, factor: float) -> dict[str, LinkCalibration]:
         """Every link class of ``topology`` at ``factor`` with this fit's alpha (and, where it
@@ -373,8 +390,9 @@ class Fit:
             for op in GLOO_OPS
             if op not in ("all_reduce", "reduce_scatter")
         }
+        alphas = {op: self.alpha(op) for op in GLOO_OPS if op not in DUPLEX_OPS} if self.message_alpha_s is not None else {}
         return Calibration(link_classes=self.link_classes(topology, self.duplex_factor), default=link,
-                           source=source, op_bandwidth_factors=ops,
+                           source=source, op_bandwidth_factors=ops, op_alpha_s=alphas,
                            downstream_share=self.downstream_share)  # fmt: skip
 
     @classmethod
@@ -406,10 +424,19 @@ class Fit:
             duplex_factor=base,
             simplex_factor=base * ops.get("p2p", 1.0),
             gather_factor=None if gather is None or gather == 1.0 else base * gather,
+            message_alpha_s=calibration.op_alpha_s.get("p2p"),
             downstream_share=calibration.downstream_share,
             overflow_factor=overflow.pop() if overflow else 1.0,
             overflow_queues=queues,
         )
+
+
+def describe_alpha(alpha_s: float, message_alpha_s: float | None = None) -> str:
+    """The fit's alpha(s) for a one-line summary: one per message, or the ring collectives' per hop
+    and p2p / broadcast's per message (``split_alpha``)."""
+    if message_alpha_s is None:
+        return f"alpha {alpha_s * 1e3:.3f} ms/message"
+    return f"alpha {alpha_s * 1e3:.3f} ms/ring hop, {message_alpha_s * 1e3:.3f} ms/p2p or broadcast message"
 
 
 def describe_extras(downstream_share: float = 1.0, overflow_factor: float = 1.0,
@@ -467,6 +494,7 @@ def fit(
     statistic: str = "median",
     downstream_share: float = 1.0,
     overflow_queues: Mapping[str, float] | None = None,
+    split_alpha: bool = False,
 ) -> Fit:
     """Fit alpha and the bandwidth factors from the *calibration* cases (validation cases are
     ignored), matching each case's ``statistic`` of its reps ("median" or "min"). ``per_op``: the
@@ -477,8 +505,11 @@ def fit(
     share instead of a bandwidth factor; without such cases it stays ``downstream_share``.
     ``overflow_queues`` (link class -> queue bytes, :func:`overflow_queues` of the testbed): every
     large calibration case with a message that overflows one of them also fits the overflow factor
-    (least squares over those cases); without it no message overflows. ValueError when there is no
-    small or no large duplex calibration case."""
+    (least squares over those cases); without it no message overflows. ``split_alpha``: the ring
+    collectives' alpha (``alpha_s``) is the median over the small ring cases only, and p2p and
+    broadcast get their own (``message_alpha_s``, from the small p2p cases); without it one alpha,
+    the median over every small case, serves all. ValueError when there is no small or no large
+    duplex calibration case."""
     _check_statistic(statistic)
     cal = [c for c in cases if c.role == CALIBRATION]
     small = [c for c in cal if c.bytes <= small_max_bytes]
@@ -505,9 +536,20 @@ def fit(
     def factor(sel: Sequence[Case], which: str, base: Fit) -> float:
         return _fit_factor(sel, topology, base, which, burst_s, statistic)
 
+    ring_small = [c for c in small if c.op in DUPLEX_OPS]
+    split = split_alpha and bool(ring_small) and len(ring_small) < len(small)
+
+    def which_alpha(c: Case) -> str:
+        return "message_alpha_s" if split and c.op not in DUPLEX_OPS else "alpha_s"
+
     for rounds in range(1, max_rounds + 1):
-        per_case = {c.name: _solve_alpha(c, topology, current, burst_s, statistic) for c in small}
-        base = replace(current, alpha_s=float(statistics.median(per_case.values())))
+        per_case = {c.name: _solve_alpha(c, topology, current, burst_s, statistic, which_alpha(c)) for c in small}
+        if split:
+            ring = statistics.median(per_case[c.name] for c in ring_small)
+            message = statistics.median(per_case[c.name] for c in small if c not in ring_small)
+            base = replace(current, alpha_s=float(ring), message_alpha_s=float(message))
+        else:
+            base = replace(current, alpha_s=float(statistics.median(per_case.values())))
         duplex = factor(large_reduce, "duplex_factor", base)
         gather = factor(large_gather, "gather_factor", base) if large_gather else None
         simplex = factor(large_simplex, "simplex_factor", base) if large_simplex else duplex
@@ -517,7 +559,7 @@ def fit(
             new = replace(new, downstream_share=fit_share(share_cases, topology, new, burst_s, statistic))
         if overflow_cases:
             new = replace(new, overflow_factor=fit_overflow(overflow_cases, topology, new, burst_s, statistic))
-        keys = ("alpha_s", "duplex_factor", "simplex_factor", "gather_factor", "downstream_share", "overflow_factor")
+        keys = ("alpha_s", "message_alpha_s", "duplex_factor", "simplex_factor", "gather_factor", "downstream_share", "overflow_factor")
         settled = all(
             abs((getattr(new, k) or 0) - (getattr(current, k) or 0))
             <= rtol * max(abs(getattr(new, k) or 0), 1e-12)
@@ -529,12 +571,16 @@ def fit(
     return current
 
 
-def fit_testbed(cases: Sequence[Case], testbed: TestbedDescription, *, overflow: bool = True, **kw: Any) -> Fit:
+def fit_testbed(
+    cases: Sequence[Case], testbed: TestbedDescription, *, overflow: bool = True, split_alpha: bool = True, **kw: Any
+) -> Fit:
     """:func:`fit` on ``testbed``'s topology with its shapers' burst and, unless ``overflow`` is
-    False (the model before queue overflow), its :func:`overflow_queues`: what ``igsim calibrate``
-    and ``igsim validate-report`` fit."""
+    False (the model before queue overflow), its :func:`overflow_queues`; the ring collectives'
+    alpha apart from p2p's unless ``split_alpha`` is False (the model before 2026-12-07, which the
+    shipped files were fitted with): what ``igsim calibrate`` and ``igsim validate-report`` fit."""
     queues = overflow_queues(testbed) if overflow else None
-    return fit(cases, testbed_topology(testbed), burst_s=testbed.burst_s, overflow_queues=queues, **kw)
+    return fit(cases, testbed_topology(testbed), burst_s=testbed.burst_s, overflow_queues=queues,
+               split_alpha=split_alpha, **kw)  # fmt: skip
 
 
 def _check_statistic(statistic: str) -> None:
@@ -542,13 +588,15 @@ def _check_statistic(statistic: str) -> None:
         raise ValueError(f"statistic {statistic!r} is not one of {', '.join(STATISTICS)}")
 
 
-def _solve_alpha(case: Case, topology: Topology, base: Fit, burst_s: float, statistic: str) -> float:
-    """The alpha (>= 0) at which the prediction of ``case`` equals its measured ``statistic``
-    (0 if even alpha = 0 predicts too slow)."""
+def _solve_alpha(
+    case: Case, topology: Topology, base: Fit, burst_s: float, statistic: str, which: str = "alpha_s"
+) -> float:
+    """The alpha (>= 0; the Fit field ``which``) at which the prediction of ``case`` equals its
+    measured ``statistic`` (0 if even alpha = 0 predicts too slow)."""
     target = case.time_s(statistic)
 
     def gap(alpha: float) -> float:
-        return predict_case(case, topology, replace(base, alpha_s=alpha), burst_s=burst_s) - target
+        return predict_case(case, topology, replace(base, **{which: alpha}), burst_s=burst_s) - target
 
     if gap(0.0) >= 0:
         return 0.0
@@ -731,6 +779,7 @@ def build_report(
     report: dict[str, Any] = {
         "fit": {
             "alpha_s": fit_.alpha_s,
+            "message_alpha_s": fit_.message_alpha_s,
             "duplex_factor": fit_.duplex_factor,
             "simplex_factor": fit_.simplex_factor,
             "gather_factor": fit_.gather_factor,

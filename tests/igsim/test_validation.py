@@ -342,7 +342,7 @@ def test_a_star_fit_has_no_overflow_term():
     truth = v.Fit(alpha_s=4.2e-4, duplex_factor=0.87, simplex_factor=0.955)
     got = v.fit_testbed(_cases(truth, STAR), STAR)
     assert got.overflow_factor == 1.0 and got.overflow_queues == {}
-    assert got == v.fit(_cases(truth, STAR), v.testbed_topology(STAR), burst_s=STAR.burst_s)
+    assert got == v.fit(_cases(truth, STAR), v.testbed_topology(STAR), burst_s=STAR.burst_s, split_alpha=True)
 
 
 def test_cases_timed_under_cpu_steal_are_flagged_and_still_counted():
@@ -377,3 +377,49 @@ def test_cases_timed_under_cpu_steal_are_flagged_and_still_counted():
 def test_cpu_ticks_must_be_one_consistent_triple_per_rep(ticks):
     with pytest.raises(ValueError, match="cpu_ticks"):
         v.Case(name="x", op="all_reduce", role="validation", times_s=(1.0, 1.0), size_bytes=1, cpu_ticks=ticks)
+
+
+@pytest.mark.parametrize("tb", [STAR, HETERO], ids=["star", "hetero"])
+def test_split_alpha_recovers_the_ring_collectives_alpha_apart_from_p2ps(tb):
+    """Measurements made with a ring-hop alpha of 1.1 ms and a p2p / broadcast alpha of 0.3 ms: the
+    split fit recovers both (and the bandwidths); the one-alpha fit cannot match both kinds."""
+    truth = v.Fit(alpha_s=1.1e-3, message_alpha_s=3e-4, duplex_factor=0.9, simplex_factor=0.96)
+    cases = _cases(truth, tb)
+    topo = v.testbed_topology(tb)
+    got = v.fit(cases, topo, burst_s=tb.burst_s, split_alpha=True)
+    assert got.alpha_s == pytest.approx(1.1e-3, rel=1e-6)
+    assert got.message_alpha_s == pytest.approx(3e-4, rel=1e-6)
+    assert got.duplex_factor == pytest.approx(0.9, rel=1e-6)
+    assert got.simplex_factor == pytest.approx(0.96, rel=1e-6)
+    assert got.alpha("broadcast") == got.alpha("p2p") == got.message_alpha_s
+    assert got.alpha("sparse_all_gather") == got.alpha("all_reduce") == got.alpha_s
+    report = v.build_report(cases, topo, got, burst_s=tb.burst_s)
+    assert all(abs(r["error"]) < 1e-5 for r in report["cases"])
+    one = v.fit(cases, topo, burst_s=tb.burst_s)
+    assert one.message_alpha_s is None
+    small = [r for r in v.build_report(cases, topo, one, burst_s=tb.burst_s)["cases"] if r["name"] == "p2p-64B"]
+    assert abs(small[0]["error"]) > 0.5  # one alpha for both: the small p2p case is far off
+    # igsim calibrate's fit (fit_testbed) is the split one
+    assert v.fit_testbed(cases, tb).message_alpha_s == pytest.approx(3e-4, rel=1e-6)
+    assert v.fit_testbed(cases, tb, split_alpha=False).message_alpha_s is None
+
+
+def test_the_message_alpha_round_trips_through_a_calibration_file(tmp_path):
+    fit = v.Fit(alpha_s=9e-4, message_alpha_s=2.5e-4, duplex_factor=0.9, simplex_factor=0.97, gather_factor=0.85)
+    topo = v.testbed_topology(STAR)
+    fit.calibration(topo, source="test").save(tmp_path / "c.json")
+    cal = Calibration.load(tmp_path / "c.json")
+    assert cal.for_class("nic").alpha_s == 9e-4  # the ring collectives', every link class's
+    assert cal.for_op("p2p").for_class("nic").alpha_s == 2.5e-4
+    assert cal.for_op("broadcast").default.alpha_s == 2.5e-4
+    assert cal.for_op("sparse_all_gather").for_class("nic").alpha_s == 9e-4
+    assert cal.for_op("p2p").op_alpha_s == {}  # applied once
+    back = v.Fit.from_calibration(cal)
+    assert back.message_alpha_s == 2.5e-4 and back.alpha_s == 9e-4
+    data = json.loads((tmp_path / "c.json").read_text())
+    data["op_alpha_s"]["p2p"] = -1
+    with pytest.raises(ValueError, match="op_alpha_s"):
+        Calibration.from_dict(data)
+    data["op_alpha_s"] = [1]
+    with pytest.raises(ValueError, match="op_alpha_s must be a mapping"):
+        Calibration.from_dict(data)
