@@ -145,6 +145,17 @@ class LinkCalibration:
         return d
 
 
+def _per_op(data: Mapping[str, Any], key: str, parse, unit: str, kind: str, *, where: str) -> dict[str, float]:
+    """``data[key]`` (default empty) as op name -> ``parse(value)``; errors name ``where`` and ``key``."""
+    raw = data.get(key, {})
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: {key} must be a mapping of op name -> {unit}")
+    try:
+        return {str(k): parse(x) for k, x in raw.items()}
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: {key}: every value must be {kind}") from None
+
+
 _LINK_KEYS = frozenset(
     {"alpha_s", "effective_bandwidth_factor", "effective_bandwidth_bytes_per_s", "queue_bytes", "overflow_factor"}
 )
@@ -226,20 +237,8 @@ class Calibration:
             raise ValueError(
                 f"{where}: gamma_s_per_byte={data['gamma_s_per_byte']!r} is not a number"
             ) from None
-        ops = data.get("op_bandwidth_factors", {})
-        if not isinstance(ops, Mapping):
-            raise ValueError(f"{where}: op_bandwidth_factors must be a mapping of op name -> factor")
-        try:
-            ops = {str(k): float(f) for k, f in ops.items()}
-        except (TypeError, ValueError):
-            raise ValueError(f"{where}: op_bandwidth_factors: every factor must be a number") from None
-        op_alpha = data.get("op_alpha_s", {})
-        if not isinstance(op_alpha, Mapping):
-            raise ValueError(f"{where}: op_alpha_s must be a mapping of op name -> seconds")
-        try:
-            op_alpha = {str(k): parse_time(a) for k, a in op_alpha.items()}
-        except (TypeError, ValueError):
-            raise ValueError(f"{where}: op_alpha_s: every alpha must be a time") from None
+        ops = _per_op(data, "op_bandwidth_factors", float, "factor", "a number", where=where)
+        op_alpha = _per_op(data, "op_alpha_s", parse_time, "seconds", "a time", where=where)
         links = {
             str(k): LinkCalibration.from_dict(v, where=f"{where}: link_classes.{k}")
             for k, v in classes.items()
