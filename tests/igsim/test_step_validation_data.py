@@ -55,7 +55,7 @@ def _with_column(name: str, column: str, file: str) -> bool:
 
 # Where replaying with the combine times moves a per-run error further from the measurement, with
 # the numbers: at 25 Mbit/s (set I on the 125 kB queues, 2026-12-06; set J with 4 MiB NIC queues;
-# set F) the sparse runs' communication is predicted long already without them, since the replay
+# set F; set R, 2026-12-07) the sparse runs' communication is predicted long already without them, since the replay
 # applies the calibration's all-gather factor (Calibration.for_op) and the ring collectives' own
 # alpha (split_alpha), so adding them overshoots it.
 COMBINE_FARTHER = {
@@ -67,6 +67,9 @@ COMBINE_FARTHER = {
     ("J-star-25Mbit", "mean_abs_error_vs_min"):
         "last rank 6.1 % without the combine times, 8.7 % with (step 1.38 -> 1.35 %)",
     ("J-star-25Mbit", "mean_abs_error_vs_mean"): "mean rank 2.6 % without the combine times, 4.1 % with",
+    ("R-star-25Mbit", "mean_abs_error_vs_min"): "last rank 5.6 % without the combine times, 9.4 % with",
+    ("R-star-25Mbit", "mean_abs_error_vs_mean"): "mean rank 1.6 % without the combine times, 3.5 % with",
+    ("R-star-25Mbit", "mean_abs_step_error"): "step 0.91 % without the combine times, 1.07 % with",
 }
 COMBINE_SETS = [n for n in RUNS if _with_column(n, "combine_s", "ops.csv")]
 
