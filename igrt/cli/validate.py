@@ -59,6 +59,8 @@ __all__ = [
 ]
 
 KiB, MiB = 1024, 1024 * 1024
+#: the largest case's size, in seconds of the slowest link's line rate (``--max-case-s``)
+MAX_CASE_S, MAX_CASE_S_QUICK = 0.8, 0.4
 POLICIES = ("dense", "topk", "adtopk", "importance")
 DEFAULT_POLICIES = ("dense", "topk", "importance")
 INTEGRATIONS = ("sync", "ddp-hook")
@@ -122,6 +124,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--interleave",
         action="store_true",
         help="time the reps in rounds over all cases (rep i of every case before rep i+1), not back to back",
+    )
+    p.add_argument(
+        "--max-case-s",
+        type=float,
+        default=None,
+        help="the largest case moves at most this many seconds of the slowest link's line rate (default "
+        f"{MAX_CASE_S:g}, --quick {MAX_CASE_S_QUICK:g}; e.g. 3.5 adds the 4 and 8 MiB cases at 25 Mbit/s)",
     )
     p.add_argument("--out", default="validate-out", help="directory for measurements, calibration, report")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="kill the ranks after this long")
@@ -410,6 +419,7 @@ def run_suite(args: argparse.Namespace) -> int:
         f"{args.timeout_s:g}",
     ]
     common += ["--quick"] if args.quick else []
+    common += ["--max-case-s", f"{args.max_case_s:g}"] if args.max_case_s is not None else []
     common += ["--reps", str(args.reps)] if args.reps else []
     common += ["--interleave"] if args.interleave else []
     rounds = [chr(ord("A") + i) for i in range(args.rounds)]
@@ -506,7 +516,10 @@ def run(args: argparse.Namespace) -> int:
     step_runs = parse_step_runs(args.policies, args.integrations)
     if args.batch_size is not None and args.batch_size < 1:
         raise ValueError(f"--batch-size {args.batch_size} must be >= 1")
-    max_bytes = int(testbed.bottleneck_bytes_per_s(spec) * (0.4 if args.quick else 0.8))
+    max_case_s = (MAX_CASE_S_QUICK if args.quick else MAX_CASE_S) if args.max_case_s is None else args.max_case_s
+    if not max_case_s > 0:
+        raise ValueError(f"--max-case-s {max_case_s:g} must be > 0")
+    max_bytes = int(testbed.bottleneck_bytes_per_s(spec) * max_case_s)
     cases = plan_cases(spec.num_ranks, max_bytes=max_bytes, quick=args.quick, two_level=spec.two_level)
     out = Path(args.out)
     kept = claim_out(out, overwrite=args.overwrite, reuse=bool(args.steps))  # locked until the command ends

@@ -89,3 +89,26 @@ def test_validate_quick_on_three_ranks(tmp_path, variant):
         report["collectives_large"]["num_cases"] >= report["dense_large"]["num_cases"] + 1
     )  # the sparse one
     assert (out / "calibration.json").exists()
+
+
+def test_max_case_s_sets_the_largest_case():
+    """``--max-case-s``: at 25 Mbit/s the default 0.8 s of line rate stops at 2 MiB; 3.5 s adds the
+    4 and 8 MiB validation cases, and the calibration's large cases stay the same."""
+    rate = 25e6 / 8
+    small = plan_cases(4, max_bytes=int(rate * 0.8))
+    large = plan_cases(4, max_bytes=int(rate * 3.5))
+    names = {c["name"] for c in large} - {c["name"] for c in small}
+    assert {"all_reduce-4MiB", "all_reduce-8MiB", "all_gather-8MiB"} <= names
+    assert all(c["role"] == "validation" for c in large if c["name"] in names)
+    cal = lambda cases: [c["name"] for c in cases if c["role"] == "calibration"]  # noqa: E731
+    assert cal(small) == cal(large)
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_max_case_s_must_be_positive(value):
+    proc = subprocess.run(
+        [sys.executable, "-m", "igrt", "validate", "--max-case-s", value, "--out", "/nonexistent/x"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert f"--max-case-s {float(value):g} must be > 0" in proc.stdout + proc.stderr

@@ -1,0 +1,56 @@
+"""Collectives up to 8 MiB at 25 Mbit/s, and what their fit does to the 25 Mbit/s step replays.
+
+``docs/validation-data/runs/T-star-25Mbit-large`` is one ``igrt validate --ranks 4 --bandwidth
+25Mbit`` round (2026-12-08, load 0.1-0.3) with the size cap at 3.5 s of line rate (what
+``--max-case-s 3.5`` now sets; measured with the same cap edited in place), so it holds the 4 and
+8 MiB all-reduce and all-gather that the default 0.8 s cap leaves out at that rate. The step sets'
+25 Mbit/s training runs move 1-13 MB per op, above the 2 MiB the default calibration reaches.
+docs/validation.md (*Model and testbed changes*) has the numbers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from igsim.net.calibration import Calibration
+from igsim.studies import step_validation as sv
+from igsim.studies import validation as v
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "validation-data"
+LARGE = DOCS / "runs" / "T-star-25Mbit-large"
+STEP_SETS_25 = ("I-star-25Mbit", "J-star-25Mbit", "R-star-25Mbit")
+
+
+def test_the_large_cases_meet_both_targets_at_25_mbit():
+    """The round's own fit (from the 2 MiB and smaller calibration cases) predicts its 4 and 8 MiB
+    collectives within 5 %, and all its cases >= 256 KiB within both targets."""
+    tb, cases, _ = v.load_measurements(v.measurement_path(LARGE))
+    fit = v.fit_testbed(cases, tb)
+    rep = v.build_report(cases, v.testbed_topology(tb), fit, burst_s=tb.burst_s, roles=(v.CALIBRATION, v.VALIDATION))
+    big = [c for c in rep["cases"] if c["name"] in ("all_reduce-4MiB", "all_reduce-8MiB", "all_gather-4MiB",
+                                                    "all_gather-8MiB")]  # fmt: skip
+    assert len(big) == 4 and all(c["role"] == "validation" for c in big)
+    assert all(abs(c["error"]) < 0.05 for c in big), [(c["name"], c["error"]) for c in big]
+    assert rep["collectives_large"]["mape"] <= 0.05
+    assert rep["collectives_large"]["meets_mean"] and rep["collectives_large"]["meets_worst"]
+    assert abs(rep["collectives_large"]["worst_error"]) <= 0.10
+
+
+def _last_rank(name: str, cal: Calibration) -> float:
+    root = DOCS / "steps" / name
+    tb, _cases, _raw = v.load_measurements(root / "measurements.json")
+    runs = sv.simulate_runs(root / "steps", topology=v.testbed_topology(tb), calibration=cal)
+    return sv.compare_steps(runs, flags=sv.run_flags(root / "steps"))["mean_abs_error_vs_min"]
+
+
+@pytest.mark.parametrize("name", STEP_SETS_25)
+def test_a_later_rounds_fit_replays_the_25_mbit_step_sets_closer_than_their_own(name):
+    """The 25 Mbit/s step sets' own single-round fits put the all-gather factor at 0.77-0.80; this
+    round's fit (0.82), measured hours to days later, replays each set's training runs with a
+    smaller mean last-rank error than the set's own calibration: the over-prediction there is
+    (at least partly) the noise of one round's gather factor, not a missing size term."""
+    own = Calibration.load(DOCS / "steps" / name / "calibration.json")
+    later = Calibration.load(LARGE / "calibration.json")
+    assert _last_rank(name, later) < _last_rank(name, own)
