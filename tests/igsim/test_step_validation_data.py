@@ -57,7 +57,8 @@ def _with_column(name: str, column: str, file: str) -> bool:
 # the numbers: at 25 Mbit/s (set I on the 125 kB queues, 2026-12-06; set J with 4 MiB NIC queues;
 # set F; set R, 2026-12-07) the sparse runs' communication is predicted long already without them, since the replay
 # applies the calibration's all-gather factor (Calibration.for_op) and the ring collectives' own
-# alpha (split_alpha), so adding them overshoots it.
+# alpha (split_alpha), so adding them overshoots it. Their own 25 Mbit/s fit is what predicts long:
+# replayed with the shipped file the combine times bring them closer (tests/igsim/test_large_cases_25mbit.py).
 COMBINE_FARTHER = {
     ("F-star-25Mbit", "mean_abs_error_vs_min"):
         "last rank 4.8 % without the combine times, 5.1 % with (mean rank 6.0 -> 5.1 %, step 2.7 -> 2.2 %)",
