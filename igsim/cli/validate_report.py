@@ -113,6 +113,14 @@ def run(args: argparse.Namespace) -> int:
         steps_text = "\n\ntraining steps (comm_s per step, mean over steps):\n" + sv.format_steps(
             report["steps"]
         )
+        if cal is None:  # this run's own fit: also the shipped file, fitted on other rounds (a transfer)
+            shipped = Calibration.testbed_default(v.testbed_kind(tb), host_queue_bytes=tb.host_queue_bytes)
+            runs = sv.simulate_runs(args.steps_dir, topology=topo, calibration=shipped)
+            report["steps_shipped"] = {
+                "calibration": shipped.source,
+                **sv.compare_steps(runs, skip_steps=args.skip_steps, flags=sv.run_flags(args.steps_dir)),
+            }
+            steps_text += "\n" + sv.summary_line(report["steps_shipped"], what="with the shipped calibration")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -55,6 +55,7 @@ __all__ = [
     "read_metrics",
     "run_flags",
     "simulate_runs",
+    "summary_line",
 ]
 
 Rows = Sequence[Mapping[str, Any]]
@@ -275,6 +276,18 @@ def compare_steps(
             [v.get("predicted_comm_min_over_ranks_s", v["predicted_comm_s"]) for v in vals],
         )
     return out
+
+
+def summary_line(report: Mapping[str, Any], *, what: str) -> str:
+    """One line of a step comparison's means (a :func:`compare_steps` report), ``what`` naming how it
+    was predicted: last-rank and mean-rank communication, step time, the verdicts and tau."""
+    n = report.get("verdicts_vs_min", {})
+    return (
+        f"{what} ({(report.get('calibration') or 'its file').split(' (')[0]}): last rank {report['mean_abs_error_vs_min']:.1%}, "
+        f"mean rank {report['mean_abs_error_vs_mean']:.1%}, step {report.get('mean_abs_step_error', math.nan):.1%}; "
+        f"within 10%: {n.get('met', 0)} met, {n.get('missed', 0)} missed, {n.get('unresolved', 0)} unresolved; "
+        f"Kendall tau by step time {report.get('kendall_tau_step', math.nan):.3f}"
+    )
 
 
 def format_steps(report: Mapping[str, Any]) -> str:

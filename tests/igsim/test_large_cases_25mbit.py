@@ -99,3 +99,32 @@ def test_with_the_shipped_calibration_the_combine_times_bring_the_25_mbit_runs_c
     }
     for key in ("mean_abs_error_vs_mean", "mean_abs_step_error"):
         assert got[True][key] < got[False][key], key
+
+
+def test_the_step_report_also_replays_with_the_shipped_calibration(tmp_path):
+    """``igsim validate-report --steps-dir`` (what ``igrt validate --steps`` runs) replays the runs
+    with the round's own fit and, as a transfer, with the shipped file of the testbed: both in the
+    report, one summary line each, the shipped one equal to replaying with it directly."""
+    import json
+    import subprocess
+    import sys
+
+    root = STEPS / "R-star-25Mbit"
+    out = tmp_path / "rep"
+    proc = subprocess.run(
+        [sys.executable, "-m", "igsim.cli.validate_report", str(root / "measurements.json"),
+         "--steps-dir", str(root / "steps"), "--out", str(out)],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "with the shipped calibration (igsim calibrate docs/validation-data/runs/JB-star" in proc.stdout
+    rep = json.loads((out / "report.json").read_text())
+    tb, _cases, _raw = v.load_measurements(root / "measurements.json")
+    cal = Calibration.testbed_default("star", host_queue_bytes=tb.host_queue_bytes)
+    direct = sv.compare_steps(
+        sv.simulate_runs(root / "steps", topology=v.testbed_topology(tb), calibration=cal),
+        flags=sv.run_flags(root / "steps"),
+    )
+    assert rep["steps_shipped"]["mean_abs_error_vs_min"] == pytest.approx(direct["mean_abs_error_vs_min"], rel=1e-12)
+    assert rep["steps_shipped"]["calibration"] == cal.source
+    assert rep["steps"]["mean_abs_error_vs_min"] != rep["steps_shipped"]["mean_abs_error_vs_min"]
