@@ -17,9 +17,11 @@ import pytest
 from igsim.net.calibration import Calibration
 from igsim.studies import step_validation as sv
 from igsim.studies import validation as v
+from tests.igsim.test_step_validation_data import _with_column
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "validation-data"
 LARGE = DOCS / "runs" / "T-star-25Mbit-large"
+STEPS = DOCS / "steps"
 STEP_SETS_25 = ("I-star-25Mbit", "J-star-25Mbit", "R-star-25Mbit")
 
 
@@ -38,11 +40,18 @@ def test_the_large_cases_meet_both_targets_at_25_mbit():
     assert abs(rep["collectives_large"]["worst_error"]) <= 0.10
 
 
-def _last_rank(name: str, cal: Calibration) -> float:
-    root = DOCS / "steps" / name
+def _replay(name: str, cal: Calibration | None = None, **model: bool) -> dict:
+    """Step set ``name`` replayed with ``cal`` (default: its testbed's shipped star file) and the
+    ``model`` switches: :func:`igsim.studies.step_validation.compare_steps`'s report."""
+    root = STEPS / name
     tb, _cases, _raw = v.load_measurements(root / "measurements.json")
-    runs = sv.simulate_runs(root / "steps", topology=v.testbed_topology(tb), calibration=cal)
-    return sv.compare_steps(runs, flags=sv.run_flags(root / "steps"))["mean_abs_error_vs_min"]
+    cal = cal or Calibration.testbed_default("star", host_queue_bytes=tb.host_queue_bytes)
+    runs = sv.simulate_runs(root / "steps", topology=v.testbed_topology(tb), calibration=cal, **model)
+    return sv.compare_steps(runs, flags=sv.run_flags(root / "steps"))
+
+
+def _own(name: str) -> Calibration:
+    return Calibration.load(STEPS / name / "calibration.json")
 
 
 @pytest.mark.parametrize("name", STEP_SETS_25)
@@ -51,38 +60,29 @@ def test_a_later_rounds_fit_replays_the_25_mbit_step_sets_closer_than_their_own(
     round's fit (0.82), measured hours to days later, replays each set's training runs with a
     smaller mean last-rank error than the set's own calibration: the over-prediction there is
     (at least partly) the noise of one round's gather factor, not a missing size term."""
-    own = Calibration.load(DOCS / "steps" / name / "calibration.json")
     later = Calibration.load(LARGE / "calibration.json")
-    assert _last_rank(name, later) < _last_rank(name, own)
+    assert _replay(name, later)["mean_abs_error_vs_min"] < _replay(name, _own(name))["mean_abs_error_vs_min"]
 
 
-STEPS = DOCS / "steps"
 ALL_25 = sorted(p.name for p in STEPS.glob("*-25Mbit") if (p / "report.json").exists())
 
 
 def test_the_shipped_100_mbit_calibration_replays_the_25_mbit_step_sets_better_than_their_own_fits():
     """Over every committed 25 Mbit/s step set, the shipped star calibration of its testbed (its NIC
-    queue's file, ``Calibration.testbed_default``; both fitted on 100 Mbit/s rounds) replays the training runs' last-rank communication
-    closer than each set's own 25 Mbit/s fit: mean |error| lower and more runs within 10 %. The 25
+    queue's file, ``Calibration.testbed_default``; both fitted on 100 Mbit/s rounds) replays the
+    training runs' last-rank communication closer than each set's own 25 Mbit/s fit: mean |error| lower and more runs within 10 %. The 25
     Mbit/s calibration cases (512 KiB and 2 MiB) run at a lower bandwidth share than the same
     testbed's training ops do, so a fit on them over-predicts the runs."""
     assert len(ALL_25) >= 8, ALL_25
-    got: dict[str, list[tuple[float, int]]] = {"own": [], "shipped": []}
-    for name in ALL_25:
-        root = STEPS / name
-        tb, _cases, _raw = v.load_measurements(root / "measurements.json")
-        shipped = Calibration.testbed_default("star", host_queue_bytes=tb.host_queue_bytes)
-        for key, cal in (("own", Calibration.load(root / "calibration.json")), ("shipped", shipped)):
-            runs = sv.simulate_runs(root / "steps", topology=v.testbed_topology(tb), calibration=cal)
-            rep = sv.compare_steps(runs, flags=sv.run_flags(root / "steps"))
-            got[key].append((rep["mean_abs_error_vs_min"], rep["verdicts_vs_min"].get("met", 0)))
+    reps = {"own": [_replay(n, _own(n)) for n in ALL_25], "shipped": [_replay(n) for n in ALL_25]}
+    got = {k: [(r["mean_abs_error_vs_min"], r["verdicts_vs_min"].get("met", 0)) for r in rs] for k, rs in reps.items()}
     mean = {k: sum(e for e, _ in rows) / len(rows) for k, rows in got.items()}
     met = {k: sum(m for _, m in rows) for k, rows in got.items()}
     assert mean["shipped"] < mean["own"], mean
     assert met["shipped"] > met["own"], met
 
 
-COMBINE_25 = [n for n in ALL_25 if "combine_s" in next((STEPS / n / "steps").glob("real_*/ops.csv")).read_text().split("\n", 1)[0]]
+COMBINE_25 = [n for n in ALL_25 if _with_column(n, "combine_s", "ops.csv")]
 
 
 @pytest.mark.parametrize("name", COMBINE_25)
@@ -90,13 +90,7 @@ def test_with_the_shipped_calibration_the_combine_times_bring_the_25_mbit_runs_c
     """The 25 Mbit/s sets' combine-time xfails (test_step_validation_data.COMBINE_FARTHER) come from
     their own fit predicting the network long: replayed with the shipped file, the combine times
     bring the mean rank's communication and the step time closer in every set that recorded them."""
-    root = STEPS / name
-    tb, _cases, _raw = v.load_measurements(root / "measurements.json")
-    cal = Calibration.testbed_default("star", host_queue_bytes=tb.host_queue_bytes)
-    got = {
-        c: sv.compare_steps(sv.simulate_runs(root / "steps", topology=v.testbed_topology(tb), calibration=cal, combine=c))
-        for c in (False, True)
-    }
+    got = {c: _replay(name, combine=c) for c in (False, True)}
     for key in ("mean_abs_error_vs_mean", "mean_abs_step_error"):
         assert got[True][key] < got[False][key], key
 
@@ -121,10 +115,7 @@ def test_the_step_report_also_replays_with_the_shipped_calibration(tmp_path):
     rep = json.loads((out / "report.json").read_text())
     tb, _cases, _raw = v.load_measurements(root / "measurements.json")
     cal = Calibration.testbed_default("star", host_queue_bytes=tb.host_queue_bytes)
-    direct = sv.compare_steps(
-        sv.simulate_runs(root / "steps", topology=v.testbed_topology(tb), calibration=cal),
-        flags=sv.run_flags(root / "steps"),
-    )
+    direct = _replay("R-star-25Mbit")
     assert rep["steps_shipped"]["mean_abs_error_vs_min"] == pytest.approx(direct["mean_abs_error_vs_min"], rel=1e-12)
     assert rep["steps_shipped"]["calibration"] == cal.source
     assert rep["steps"]["mean_abs_error_vs_min"] != rep["steps_shipped"]["mean_abs_error_vs_min"]
